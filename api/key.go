@@ -1,0 +1,65 @@
+package api
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+const (
+	// MaxKeyBytes is the longest block key, in bytes.
+	MaxKeyBytes = 128
+	// MaxNameBytes is the longest tenant or namespace name, in bytes.
+	MaxNameBytes = 64
+)
+
+// BlockKey names a block: Tenant is the unit of isolation and quota,
+// Namespace names what makes KV bytes compatible (model, revision, dtype,
+// layout, TP rank) and Key is opaque bytes, normally a prefix-chain hash.
+type BlockKey struct {
+	Tenant    string
+	Namespace string
+	Key       []byte
+}
+
+// String formats the key for logs and errors: tenant/namespace/hex(key).
+func (k BlockKey) String() string {
+	return k.Tenant + "/" + k.Namespace + "/" + hex.EncodeToString(k.Key)
+}
+
+// Validate reports every problem with k, wrapped in ErrInvalidArgument.
+func (k BlockKey) Validate() error {
+	return errors.Join(ValidateName("tenant", k.Tenant), ValidateName("namespace", k.Namespace), ValidateKey(k.Key))
+}
+
+// ValidateKey checks that key has 1 to MaxKeyBytes bytes.
+func ValidateKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return fmt.Errorf("%w: key is empty", ErrInvalidArgument)
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: key has %d bytes, more than %d", ErrInvalidArgument, len(key), MaxKeyBytes)
+	}
+	return nil
+}
+
+// ValidateName checks a tenant or namespace name: 1 to MaxNameBytes
+// characters from [A-Za-z0-9._-]. kind names the field in the error.
+func ValidateName(kind, name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: %s is empty", ErrInvalidArgument, kind)
+	}
+	if len(name) > MaxNameBytes {
+		return fmt.Errorf("%w: %s has %d bytes, more than %d", ErrInvalidArgument, kind, len(name), MaxNameBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		if !nameChar(name[i]) {
+			return fmt.Errorf("%w: %s %q has %q at byte %d; allowed are A-Z a-z 0-9 . _ -", ErrInvalidArgument, kind, name, name[i], i)
+		}
+	}
+	return nil
+}
+
+func nameChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+}

@@ -1,0 +1,588 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
+)
+
+// Path is how a Client moves block bytes.
+type Path int
+
+const (
+	// PathAuto uses shared memory when the node is on this host, else the
+	// data channel.
+	PathAuto Path = iota
+	// PathShm requires the shared-memory path; Dial fails without it.
+	PathShm
+	// PathData uses the framed TCP data channel.
+	PathData
+	// PathGRPC sends bytes as protobuf over gRPC: the portable, slow path.
+	PathGRPC
+)
+
+var pathNames = []string{"auto", "shm", "data", "grpc"}
+
+func (p Path) String() string {
+	if int(p) < len(pathNames) {
+		return pathNames[p]
+	}
+	return fmt.Sprintf("Path(%d)", int(p))
+}
+
+// ParsePath maps "auto", "shm", "data" (alias "tcp") and "grpc" to a Path.
+func ParsePath(s string) (Path, error) {
+	if s == "tcp" {
+		return PathData, nil
+	}
+	for i, n := range pathNames {
+		if n == s {
+			return Path(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown path %q (want auto, shm, data or grpc)", ErrInvalidArgument, s)
+}
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// Server is the node's address (host:port). Required.
+	Server string
+	// Path selects how bytes move. Default PathAuto.
+	Path Path
+	// MaxIdleConns is how many data connections the client keeps open for
+	// reuse; it opens more when more calls run at once. Default 8.
+	MaxIdleConns int
+	// DialTimeout bounds Dial and every new connection. Default 5 s.
+	DialTimeout time.Duration
+	// VerifySharedReads makes Get over shared memory check the CRC of the
+	// bytes it copies. Bytes that cross a socket are always verified;
+	// shared-memory bytes never leave this host's RAM, were verified by the
+	// node at commit, and checking them costs about a third of the copy.
+	// Default false.
+	VerifySharedReads bool
+	// Logger receives the client's logs. Default: discard.
+	Logger *slog.Logger
+	// DialOptions are extra gRPC dial options.
+	DialOptions []grpc.DialOption
+}
+
+// Client talks to one kvpool node. It is safe for concurrent use.
+type Client struct {
+	cfg  ClientConfig
+	log  *slog.Logger
+	cc   *grpc.ClientConn
+	rpc  kvpoolv1.KVPoolServiceClient
+	info *kvpoolv1.InfoResponse
+	path Path
+	data *connPool
+	shm  *shmClient
+}
+
+// Dial connects to a node, learns its limits and fast paths with an Info
+// call, and attaches to its shared memory when Path allows and the node is
+// on this host.
+func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
+	if cfg.Server == "" {
+		return nil, fmt.Errorf("%w: client: no server address", ErrInvalidArgument)
+	}
+	if cfg.MaxIdleConns == 0 {
+		cfg.MaxIdleConns = 8
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Path < PathAuto || cfg.Path > PathGRPC {
+		return nil, fmt.Errorf("%w: client: path %v", ErrInvalidArgument, cfg.Path)
+	}
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(80<<20), grpc.MaxCallSendMsgSize(80<<20)),
+	}, cfg.DialOptions...)
+	cc, err := grpc.NewClient(cfg.Server, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: %v", ErrInvalidArgument, err)
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger.With("component", "client", "server", cfg.Server), cc: cc, rpc: kvpoolv1.NewKVPoolServiceClient(cc)}
+	ictx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	c.info, err = c.rpc.Info(ictx, &kvpoolv1.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		cc.Close()
+		return nil, fmt.Errorf("client: reach %s: %w", cfg.Server, FromStatus(err))
+	}
+	c.path = cfg.Path
+	if c.path == PathAuto || c.path == PathShm {
+		c.shm, err = c.attachShm(ictx)
+		switch {
+		case err == nil:
+			c.path = PathShm
+		case c.path == PathShm:
+			cc.Close()
+			return nil, err
+		default:
+			c.log.Debug("shared memory unavailable; using the data channel", "err", err)
+			c.path = PathData
+		}
+	}
+	if c.path == PathData && !c.info.GetDataChannel() {
+		c.path = PathGRPC
+	}
+	c.data = &connPool{max: cfg.MaxIdleConns, dial: c.dialData}
+	return c, nil
+}
+
+// Path reports the path the client chose.
+func (c *Client) Path() Path { return c.path }
+
+// Info returns what the node reported at Dial.
+func (c *Client) Info() *kvpoolv1.InfoResponse { return c.info }
+
+// RPC returns the generated gRPC client on the same connection, for calls
+// this package does not wrap.
+func (c *Client) RPC() kvpoolv1.KVPoolServiceClient { return c.rpc }
+
+// Close releases the client's connections and its shared-memory mapping.
+// Views and reservations still open become invalid.
+func (c *Client) Close() error {
+	var errs []error
+	if c.data != nil {
+		c.data.close()
+	}
+	if c.shm != nil {
+		errs = append(errs, c.shm.close())
+	}
+	errs = append(errs, c.cc.Close())
+	return errors.Join(errs...)
+}
+
+func (c *Client) dialData(ctx context.Context) (*dataConn, error) {
+	d := net.Dialer{Timeout: c.cfg.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", c.cfg.Server)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: data channel to %s: %v", ErrUnavailable, c.cfg.Server, err)
+	}
+	if _, err := nc.Write(wire.Preamble[:]); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("%w: client: data channel to %s: %v", ErrUnavailable, c.cfg.Server, err)
+	}
+	return newDataConn(nc), nil
+}
+
+// dataConn is the client side of one data connection.
+type dataConn struct {
+	c    net.Conn
+	br   *bufio.Reader
+	buf  []byte
+	resp wire.Response
+}
+
+func newDataConn(c net.Conn) *dataConn {
+	return &dataConn{c: c, br: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, 0, wire.RequestBufferBytes+wire.TrailerBytes)}
+}
+
+// bind applies ctx's deadline and cancellation to the connection until the
+// returned func is called.
+func (d *dataConn) bind(ctx context.Context) func() {
+	if dl, ok := ctx.Deadline(); ok {
+		d.c.SetDeadline(dl)
+	} else {
+		d.c.SetDeadline(time.Time{})
+	}
+	if ctx.Done() == nil {
+		return func() {}
+	}
+	stop := context.AfterFunc(ctx, func() { d.c.SetDeadline(time.Unix(1, 0)) })
+	return func() { stop() }
+}
+
+func (d *dataConn) request(r *wire.Request) error {
+	d.buf = wire.AppendRequest(d.buf[:0], r)
+	_, err := d.c.Write(d.buf)
+	return err
+}
+
+// connPool keeps idle data connections.
+type connPool struct {
+	mu     sync.Mutex
+	idle   []*dataConn
+	max    int
+	closed bool
+	dial   func(context.Context) (*dataConn, error)
+}
+
+func (p *connPool) get(ctx context.Context) (*dataConn, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: client is closed", ErrUnavailable)
+	}
+	if k := len(p.idle); k > 0 {
+		d := p.idle[k-1]
+		p.idle = p.idle[:k-1]
+		p.mu.Unlock()
+		return d, nil
+	}
+	p.mu.Unlock()
+	return p.dial(ctx)
+}
+
+// put returns a healthy connection; callers close broken ones instead.
+func (p *connPool) put(d *dataConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle) >= p.max {
+		d.c.Close()
+		return
+	}
+	p.idle = append(p.idle, d)
+}
+
+func (p *connPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, d := range p.idle {
+		d.c.Close()
+	}
+	p.idle = nil
+}
+
+// ioError classifies a failed socket operation: the caller's context
+// error when it ended, else Unavailable.
+func ioError(ctx context.Context, what string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("client: %s: %w", what, cerr)
+	}
+	return fmt.Errorf("%w: client: %s: %v", ErrUnavailable, what, err)
+}
+
+func keyRequest(op wire.Op, k BlockKey) wire.Request {
+	return wire.Request{Op: op, Tenant: []byte(k.Tenant), Namespace: []byte(k.Namespace), Key: k.Key}
+}
+
+// Put stores value under k. Putting equal bytes again succeeds; different
+// bytes fail with ErrAlreadyExists. Other errors: ErrInvalidArgument,
+// ErrResourceExhausted, ErrDataLoss (bytes damaged on the way),
+// ErrUnavailable.
+func (c *Client) Put(ctx context.Context, k BlockKey, value []byte) error {
+	_, err := c.put(ctx, k, value)
+	return err
+}
+
+// PutResult says what a Put did.
+type PutResult struct {
+	Existed bool   // an identical block was already stored
+	CRC     uint32 // the stored checksum
+}
+
+// PutResult is Put that also reports whether the block existed.
+func (c *Client) PutResult(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	return c.put(ctx, k, value)
+}
+
+func (c *Client) put(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	if err := k.Validate(); err != nil {
+		return PutResult{}, err
+	}
+	switch c.path {
+	case PathShm:
+		return c.shm.put(ctx, k, value)
+	case PathGRPC:
+		return c.putGRPC(ctx, k, value)
+	}
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return PutResult{}, err
+	}
+	res, err := d.put(ctx, k, value)
+	if err != nil && !isRemote(err) {
+		d.c.Close()
+		return res, err
+	}
+	c.data.put(d)
+	return res, err
+}
+
+func isRemote(err error) bool {
+	var re *RemoteError
+	return errors.As(err, &re) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrAlreadyExists) ||
+		errors.Is(err, ErrResourceExhausted) || errors.Is(err, ErrFailedPrecondition) || errors.Is(err, ErrDataLoss)
+}
+
+// sendChunkBytes is how much of a value is checksummed and written at a
+// time: the CRC pulls it into cache, the write copies it from there.
+const sendChunkBytes = 256 << 10
+
+func (d *dataConn) put(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	defer d.bind(ctx)()
+	r := keyRequest(wire.OpPut, k)
+	r.Flags = wire.FlagChecksum
+	r.ValueLen = uint64(len(value))
+	d.buf = wire.AppendRequest(d.buf[:0], &r)
+	var crc uint32
+	first := min(len(value), sendChunkBytes)
+	crc = UpdateChecksum(crc, value[:first])
+	bufs := net.Buffers{d.buf, value[:first]}
+	if _, err := bufs.WriteTo(d.c); err != nil {
+		return PutResult{}, ioError(ctx, "put", err)
+	}
+	for off := first; off < len(value); off += sendChunkBytes {
+		chunk := value[off:min(off+sendChunkBytes, len(value))]
+		crc = UpdateChecksum(crc, chunk)
+		if _, err := d.c.Write(chunk); err != nil {
+			return PutResult{}, ioError(ctx, "put", err)
+		}
+	}
+	d.buf = wire.AppendTrailer(d.buf[:0], crc)
+	if _, err := d.c.Write(d.buf); err != nil {
+		return PutResult{}, ioError(ctx, "put", err)
+	}
+	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
+		return PutResult{}, ioError(ctx, "put", err)
+	}
+	if err := FromCode(codes.Code(d.resp.Status), d.resp.Message); err != nil {
+		return PutResult{}, err
+	}
+	return PutResult{Existed: d.resp.Flags&wire.FlagExisted != 0, CRC: d.resp.CRC}, nil
+}
+
+// Get copies the block under k into dst and returns its length. The bytes
+// are verified against the block's checksum (ErrDataLoss when they do not
+// match). A dst shorter than the block gives ErrInvalidArgument and leaves
+// dst unspecified. Other errors: ErrNotFound, ErrUnavailable.
+func (c *Client) Get(ctx context.Context, k BlockKey, dst []byte) (int, error) {
+	v, err := c.get(ctx, k, dst, false)
+	return len(v), err
+}
+
+// GetValue returns the block under k in a new slice.
+func (c *Client) GetValue(ctx context.Context, k BlockKey) ([]byte, error) {
+	return c.get(ctx, k, nil, true)
+}
+
+func (c *Client) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([]byte, error) {
+	if err := k.Validate(); err != nil {
+		return nil, err
+	}
+	switch c.path {
+	case PathShm:
+		return c.shm.get(ctx, k, dst, alloc, c.cfg.VerifySharedReads)
+	case PathGRPC:
+		return c.getGRPC(ctx, k, dst, alloc)
+	}
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v, err := d.get(ctx, k, dst, alloc)
+	if err != nil && !isRemote(err) && !errors.Is(err, errShortBuffer) {
+		d.c.Close()
+		return nil, err
+	}
+	c.data.put(d)
+	return v, err
+}
+
+var errShortBuffer = fmt.Errorf("%w: buffer too small", ErrInvalidArgument)
+
+func (d *dataConn) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([]byte, error) {
+	defer d.bind(ctx)()
+	r := keyRequest(wire.OpGet, k)
+	if err := d.request(&r); err != nil {
+		return nil, ioError(ctx, "get", err)
+	}
+	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
+		return nil, ioError(ctx, "get", err)
+	}
+	if err := FromCode(codes.Code(d.resp.Status), d.resp.Message); err != nil {
+		return nil, err
+	}
+	n := d.resp.ValueLen
+	if alloc {
+		if n > 1<<32 {
+			return nil, ioError(ctx, "get", fmt.Errorf("node announced a %d-byte value", n))
+		}
+		dst = make([]byte, n)
+	}
+	if uint64(len(dst)) < n {
+		// Keep the connection in step before reporting.
+		if _, err := io.CopyN(io.Discard, d.br, int64(n)); err != nil {
+			return nil, ioError(ctx, "get", err)
+		}
+		return nil, fmt.Errorf("%w: %d bytes for a %d-byte block", errShortBuffer, len(dst), n)
+	}
+	dst = dst[:n]
+	var crc uint32
+	for off := 0; off < len(dst); {
+		k, err := d.br.Read(dst[off:min(off+sendChunkBytes, len(dst))])
+		crc = UpdateChecksum(crc, dst[off:off+k])
+		off += k
+		if err != nil && off < len(dst) {
+			return nil, ioError(ctx, "get", err)
+		}
+	}
+	if crc != d.resp.CRC {
+		return nil, fmt.Errorf("%w: client: %s: received bytes have CRC %08x, the node stored %08x", ErrDataLoss, k, crc, d.resp.CRC)
+	}
+	return dst, nil
+}
+
+func (c *Client) putGRPC(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	stream, err := c.rpc.Put(ctx)
+	if err != nil {
+		return PutResult{}, FromStatus(err)
+	}
+	crc := Checksum(value)
+	hdr := &kvpoolv1.PutHeader{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, SizeBytes: uint64(len(value)), Crc32C: &crc}
+	if err := stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Header{Header: hdr}}); err != nil {
+		_, err = stream.CloseAndRecv()
+		return PutResult{}, FromStatus(err)
+	}
+	for off := 0; off < len(value); off += 1 << 20 {
+		chunk := value[off:min(off+1<<20, len(value))]
+		if err := stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Chunk{Chunk: chunk}}); err != nil {
+			break // the real error comes from CloseAndRecv
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return PutResult{}, FromStatus(err)
+	}
+	return PutResult{Existed: resp.GetExisted(), CRC: resp.GetCrc32C()}, nil
+}
+
+func (c *Client) getGRPC(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([]byte, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}})
+	if err != nil {
+		return nil, FromStatus(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, FromStatus(err)
+	}
+	info := first.GetInfo()
+	if info == nil {
+		return nil, fmt.Errorf("%w: client: get stream did not start with block info", ErrInternal)
+	}
+	n := info.GetSizeBytes()
+	if alloc {
+		dst = make([]byte, n)
+	}
+	if uint64(len(dst)) < n {
+		return nil, fmt.Errorf("%w: %d bytes for a %d-byte block", errShortBuffer, len(dst), n)
+	}
+	dst = dst[:n]
+	off := 0
+	for {
+		m, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, FromStatus(err)
+		}
+		chunk := m.GetChunk()
+		if len(chunk) > len(dst)-off {
+			return nil, fmt.Errorf("%w: client: get stream longer than its %d-byte block", ErrDataLoss, n)
+		}
+		off += copy(dst[off:], chunk)
+	}
+	if off != len(dst) {
+		return nil, fmt.Errorf("%w: client: get stream carried %d of %d bytes", ErrDataLoss, off, n)
+	}
+	if crc := Checksum(dst); crc != info.GetCrc32C() {
+		return nil, fmt.Errorf("%w: client: %s: received bytes have CRC %08x, the node stored %08x", ErrDataLoss, k, crc, info.GetCrc32C())
+	}
+	return dst, nil
+}
+
+// Remove deletes the block under k. Errors: ErrNotFound,
+// ErrInvalidArgument, ErrUnavailable.
+func (c *Client) Remove(ctx context.Context, k BlockKey) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if c.path == PathGRPC {
+		_, err := c.rpc.Remove(ctx, &kvpoolv1.RemoveRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}})
+		return FromStatus(err)
+	}
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return err
+	}
+	err = d.simple(ctx, keyRequest(wire.OpRemove, k))
+	if err != nil && !isRemote(err) {
+		d.c.Close()
+		return err
+	}
+	c.data.put(d)
+	return err
+}
+
+// simple sends a request without a value and reads a response without one.
+func (d *dataConn) simple(ctx context.Context, r wire.Request) error {
+	defer d.bind(ctx)()
+	if err := d.request(&r); err != nil {
+		return ioError(ctx, r.Op.String(), err)
+	}
+	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
+		return ioError(ctx, r.Op.String(), err)
+	}
+	return FromCode(codes.Code(d.resp.Status), d.resp.Message)
+}
+
+// Locate returns how many leading keys of chain the node holds.
+func (c *Client) Locate(ctx context.Context, tenant, namespace string, chain [][]byte) (int, error) {
+	resp, err := c.rpc.Locate(ctx, &kvpoolv1.LocateRequest{Tenant: tenant, Namespace: namespace, Keys: chain})
+	if err != nil {
+		return 0, FromStatus(err)
+	}
+	return int(resp.GetPrefixBlocks()), nil
+}
+
+// Exists reports for each key whether the node holds it.
+func (c *Client) Exists(ctx context.Context, tenant, namespace string, keys [][]byte) ([]bool, error) {
+	resp, err := c.rpc.Exists(ctx, &kvpoolv1.ExistsRequest{Tenant: tenant, Namespace: namespace, Keys: keys})
+	if err != nil {
+		return nil, FromStatus(err)
+	}
+	return resp.GetExists(), nil
+}
+
+// Stats returns the node's usage.
+func (c *Client) Stats(ctx context.Context) (*kvpoolv1.StatsResponse, error) {
+	resp, err := c.rpc.Stats(ctx, &kvpoolv1.StatsRequest{})
+	return resp, FromStatus(err)
+}
+
+// hostID mirrors pool.HostID: the Linux boot id.
+func hostID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		h, _ := os.Hostname()
+		return "host:" + h
+	}
+	return strings.TrimSpace(string(b))
+}
+
+var timeNoDeadline time.Time

@@ -1,0 +1,204 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// Config configures a node. New copies it, fills defaults for zero fields
+// and reports every problem at once.
+type Config struct {
+	// NodeID names the node in the cluster: [A-Za-z0-9._-]{1,64}. Required.
+	NodeID string
+
+	// ListenAddr is the TCP address that serves gRPC and the framed data
+	// channel (told apart by their first bytes). Default "127.0.0.1:7070";
+	// port 0 picks a free port, see Node.Addr.
+	ListenAddr string
+	// MetricsAddr serves Prometheus /metrics, /healthz and /readyz over
+	// HTTP. Empty disables it.
+	MetricsAddr string
+	// ShmSocket is the unix socket that hands same-host clients the
+	// segment. Default $TMPDIR/kvpool-<NodeID>.sock; see DisableShm.
+	ShmSocket string
+	// DisableShm turns the same-host shared-memory path off.
+	DisableShm bool
+
+	// CapacityBytes is the size of the shared-memory arena in bytes.
+	// Required; a multiple of PageBytes.
+	CapacityBytes int64
+	// PageBytes is the allocation granule in bytes: a power of two from
+	// 512 B to 1 MiB. Every value occupies whole pages. Default 4 KiB.
+	PageBytes int64
+	// MaxBlockBytes is the largest value accepted, in bytes. Default
+	// 64 MiB or CapacityBytes, whichever is smaller; at most 4 GiB - 1.
+	MaxBlockBytes int64
+	// LockMemory pre-faults the arena and locks it in RAM (mlock), so block
+	// bytes are never swapped and engines can register them as pinned
+	// memory. Needs CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK.
+	LockMemory bool
+	// SegmentPath, when set, backs the arena with a new file at this path
+	// (under /dev/shm) instead of an anonymous memfd, so other processes
+	// can map it by name. The file is removed on Close.
+	SegmentPath string
+
+	// ReservationTimeout is how long a reservation may stay uncommitted
+	// before it is reclaimed. Default 30 s.
+	ReservationTimeout time.Duration
+	// IOTimeout bounds how long the data channel waits for the rest of a
+	// frame once it has started, and for a write to drain. Default 30 s.
+	IOTimeout time.Duration
+	// IdleTimeout closes data-channel connections that send nothing for
+	// this long. Default 10 min.
+	IdleTimeout time.Duration
+	// MaxNamespaces bounds distinct (tenant, namespace) pairs. Default 4096.
+	MaxNamespaces int
+	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
+	// 1 MiB.
+	GetChunkBytes int
+
+	// Version is reported by Info. Default "dev".
+	Version string
+	// Logger receives the node's logs. Default: discard.
+	Logger *slog.Logger
+	// Registerer receives the node's metrics. Default: a private registry
+	// (served on MetricsAddr).
+	Registerer prometheus.Registerer
+	// Gatherer serves /metrics; it must see what Registerer registers.
+	// Default: the private registry, or prometheus.DefaultGatherer when
+	// Registerer is prometheus.DefaultRegisterer.
+	Gatherer prometheus.Gatherer
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+const (
+	defaultListenAddr = "127.0.0.1:7070"
+	maxValueBytes     = 1<<32 - 1
+)
+
+// DefaultConfig returns a Config for a node with the given id and capacity
+// and every other field at its default.
+func DefaultConfig(nodeID string, capacityBytes int64) Config {
+	c := Config{NodeID: nodeID, CapacityBytes: capacityBytes}
+	c.fillDefaults()
+	return c
+}
+
+// TestConfig is DefaultConfig on a free loopback port, with short timeouts
+// and no metrics listener: what tests that run many nodes in one process
+// want.
+func TestConfig(nodeID string, capacityBytes int64) Config {
+	c := Config{
+		NodeID:             nodeID,
+		CapacityBytes:      capacityBytes,
+		ListenAddr:         "127.0.0.1:0",
+		ReservationTimeout: 2 * time.Second,
+		IOTimeout:          5 * time.Second,
+	}
+	c.fillDefaults()
+	return c
+}
+
+func (c *Config) fillDefaults() {
+	if c.ListenAddr == "" {
+		c.ListenAddr = defaultListenAddr
+	}
+	if c.ShmSocket == "" && !c.DisableShm && c.NodeID != "" {
+		c.ShmSocket = filepath.Join(os.TempDir(), "kvpool-"+c.NodeID+".sock")
+	}
+	if c.PageBytes == 0 {
+		c.PageBytes = 4 << 10
+	}
+	if c.MaxBlockBytes == 0 {
+		c.MaxBlockBytes = min(64<<20, c.CapacityBytes)
+	}
+	if c.ReservationTimeout == 0 {
+		c.ReservationTimeout = 30 * time.Second
+	}
+	if c.IOTimeout == 0 {
+		c.IOTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.MaxNamespaces == 0 {
+		c.MaxNamespaces = 4096
+	}
+	if c.GetChunkBytes == 0 {
+		c.GetChunkBytes = 1 << 20
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		c.Registerer, c.Gatherer = reg, reg
+	}
+	if c.Gatherer == nil {
+		if g, ok := c.Registerer.(prometheus.Gatherer); ok {
+			c.Gatherer = g
+		} else {
+			c.Gatherer = prometheus.DefaultGatherer
+		}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// validate reports every problem with c.
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if err := api.ValidateName("node id", c.NodeID); err != nil {
+		errs = append(errs, err)
+	}
+	if c.PageBytes < 512 || c.PageBytes > 1<<20 || bits.OnesCount64(uint64(c.PageBytes)) != 1 {
+		bad("page size %d bytes: want a power of two from 512 B to 1 MiB", c.PageBytes)
+	}
+	switch {
+	case c.CapacityBytes <= 0:
+		bad("capacity %d bytes: want a positive size such as 1GiB", c.CapacityBytes)
+	case c.PageBytes > 0 && c.CapacityBytes%c.PageBytes != 0:
+		bad("capacity %d bytes is not a multiple of the %d-byte page", c.CapacityBytes, c.PageBytes)
+	case c.PageBytes > 0 && c.CapacityBytes/c.PageBytes > maxPages:
+		bad("capacity %d bytes is more than %d pages of %d bytes; raise the page size", c.CapacityBytes, int64(maxPages), c.PageBytes)
+	}
+	switch {
+	case c.MaxBlockBytes <= 0:
+		bad("max block size %d bytes: want a positive size", c.MaxBlockBytes)
+	case c.MaxBlockBytes > maxValueBytes:
+		bad("max block size %d bytes exceeds the limit of %d", c.MaxBlockBytes, int64(maxValueBytes))
+	case c.CapacityBytes > 0 && c.MaxBlockBytes > c.CapacityBytes:
+		bad("max block size %d bytes exceeds the capacity of %d bytes", c.MaxBlockBytes, c.CapacityBytes)
+	}
+	if c.ReservationTimeout < 0 || c.IOTimeout < 0 || c.IdleTimeout < 0 {
+		bad("timeouts must not be negative")
+	}
+	if c.MaxNamespaces < 1 {
+		bad("max namespaces %d: want at least 1", c.MaxNamespaces)
+	}
+	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
+		bad("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)
+	}
+	if !c.DisableShm && len(c.ShmSocket) > 107 {
+		bad("shm socket path %q is longer than the 107 bytes a unix socket allows", c.ShmSocket)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("pool: invalid config: %w", errors.Join(errs...))
+}

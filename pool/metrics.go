@@ -1,0 +1,121 @@
+package pool
+
+import (
+	"context"
+	"path"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+)
+
+// metrics are the node's Prometheus metrics. Usage gauges are read from
+// the store at scrape time; counters are bumped at the edges.
+type metrics struct {
+	requests      *prometheus.CounterVec // path, op, code
+	dataCounters  [16][17]prometheus.Counter
+	bytesSent     prometheus.Counter
+	bytesReceived prometheus.Counter
+	reclaimed     prometheus.Counter
+}
+
+func newMetrics(n *Node) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_pool_requests_total",
+			Help: "Requests served, by path (grpc, data), operation and status code.",
+		}, []string{"path", "op", "code"}),
+		bytesSent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_pool_data_sent_bytes_total",
+			Help: "Block bytes sent over the data channel.",
+		}),
+		bytesReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_pool_data_received_bytes_total",
+			Help: "Block bytes received over the data channel.",
+		}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_pool_reservations_reclaimed_total",
+			Help: "Reservations reclaimed because they were not committed in time.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, &storeCollector{n.store}} {
+		if err := n.cfg.Registerer.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Resolve the data-channel counters once: the hot path then costs one
+	// atomic add.
+	for op := wire.Op(0); op < wire.Op(len(m.dataCounters)); op++ {
+		name := op.String()
+		if op == 0 {
+			name = "malformed"
+		}
+		for code := codes.Code(0); code <= 16; code++ {
+			m.dataCounters[op][code] = m.requests.WithLabelValues("data", name, code.String())
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) dataOp(op wire.Op, code codes.Code) {
+	if int(op) < len(m.dataCounters) && code <= 16 {
+		m.dataCounters[op][code].Inc()
+	}
+}
+
+func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	m.requests.WithLabelValues("grpc", path.Base(info.FullMethod), api.Code(err).String()).Inc()
+	return resp, err
+}
+
+func (m *metrics) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	m.requests.WithLabelValues("grpc", path.Base(info.FullMethod), api.Code(err).String()).Inc()
+	return err
+}
+
+// storeCollector reports the store's usage when scraped.
+type storeCollector struct{ s *Store }
+
+var (
+	descCapacity  = prometheus.NewDesc("kvpool_pool_capacity_bytes", "Size of the shared-memory arena.", nil, nil)
+	descUsed      = prometheus.NewDesc("kvpool_pool_used_bytes", "Arena bytes held by blocks and reservations (whole pages).", nil, nil)
+	descStored    = prometheus.NewDesc("kvpool_pool_stored_bytes", "Sum of the committed values' sizes.", nil, nil)
+	descBlocks    = prometheus.NewDesc("kvpool_pool_blocks", "Committed blocks.", nil, nil)
+	descRes       = prometheus.NewDesc("kvpool_pool_reservations", "Open reservations.", nil, nil)
+	descLargest   = prometheus.NewDesc("kvpool_pool_largest_free_bytes", "Longest contiguous free run.", nil, nil)
+	descExtFrag   = prometheus.NewDesc("kvpool_pool_external_fragmentation_ratio", "1 - largest free run / free bytes.", nil, nil)
+	descIntFrag   = prometheus.NewDesc("kvpool_pool_internal_fragmentation_ratio", "1 - stored bytes / bytes of the pages holding them.", nil, nil)
+	descNSBlocks  = prometheus.NewDesc("kvpool_pool_namespace_blocks", "Committed blocks per tenant and namespace.", []string{"tenant", "namespace"}, nil)
+	descNSStored  = prometheus.NewDesc("kvpool_pool_namespace_stored_bytes", "Stored bytes per tenant and namespace.", []string{"tenant", "namespace"}, nil)
+	storeDescList = []*prometheus.Desc{descCapacity, descUsed, descStored, descBlocks, descRes, descLargest, descExtFrag, descIntFrag, descNSBlocks, descNSStored}
+)
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range storeDescList {
+		ch <- d
+	}
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.Stats()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	g(descCapacity, float64(st.CapacityBytes))
+	g(descUsed, float64(st.UsedBytes))
+	g(descStored, float64(st.StoredBytes))
+	g(descBlocks, float64(st.Blocks))
+	g(descRes, float64(st.Reservations))
+	g(descLargest, float64(st.LargestFreeBytes))
+	g(descExtFrag, st.ExternalFragmentation)
+	g(descIntFrag, st.InternalFragmentation)
+	for _, ns := range st.Namespaces {
+		g(descNSBlocks, float64(ns.Blocks), ns.Tenant, ns.Namespace)
+		g(descNSStored, float64(ns.StoredBytes), ns.Tenant, ns.Namespace)
+	}
+}

@@ -1,0 +1,105 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// startNode runs a node for the test's duration and returns it.
+func startNode(t testing.TB, mutate ...func(*Config)) *Node {
+	t.Helper()
+	cfg := TestConfig(fmt.Sprintf("n%d", rand.Uint32()), 64<<20)
+	cfg.ShmSocket = filepath.Join(t.TempDir(), "shm.sock")
+	if tt, ok := t.(*testing.T); ok {
+		cfg.Logger = slog.New(slog.NewTextHandler(tt.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	<-n.Ready()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node run: %v", err)
+		}
+		if err := n.Store().checkConsistency(); err != nil {
+			t.Errorf("store inconsistent at the end: %v", err)
+		}
+		n.Close()
+	})
+	return n
+}
+
+func dial(t testing.TB, n *Node, path api.Path) *api.Client {
+	t.Helper()
+	c, err := api.Dial(context.Background(), api.ClientConfig{Server: n.Addr().String(), Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func value(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, 7))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func TestPutGetEveryPath(t *testing.T) {
+	n := startNode(t)
+	for _, path := range []api.Path{api.PathShm, api.PathData, api.PathGRPC} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := dial(t, n, path)
+			if c.Path() != path {
+				t.Fatalf("client chose %v, want %v", c.Path(), path)
+			}
+			ctx := context.Background()
+			for i, size := range []int{1, 4095, 4096, 4097, 1 << 20, 2<<20 + 3} {
+				k := api.BlockKey{Tenant: "t", Namespace: "ns-" + path.String(), Key: []byte{byte(i)}}
+				v := value(uint64(i), size)
+				if err := c.Put(ctx, k, v); err != nil {
+					t.Fatalf("put %d bytes: %v", size, err)
+				}
+				got := make([]byte, size+10)
+				m, err := c.Get(ctx, k, got)
+				if err != nil || !bytes.Equal(got[:m], v) {
+					t.Fatalf("get %d bytes: n=%d err=%v equal=%v", size, m, err, bytes.Equal(got[:m], v))
+				}
+				res, err := c.PutResult(ctx, k, v)
+				if err != nil || !res.Existed {
+					t.Fatalf("re-put of equal bytes: %+v %v", res, err)
+				}
+				v2 := bytes.Clone(v)
+				v2[len(v2)-1]++
+				if err := c.Put(ctx, k, v2); !errors.Is(err, api.ErrAlreadyExists) {
+					t.Fatalf("re-put of different bytes: %v, want AlreadyExists", err)
+				}
+				if err := c.Remove(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Get(ctx, k, got); !errors.Is(err, api.ErrNotFound) {
+					t.Fatalf("get after remove: %v, want NotFound", err)
+				}
+			}
+		})
+	}
+}

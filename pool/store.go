@@ -1,0 +1,550 @@
+package pool
+
+import (
+	"bytes"
+	"fmt"
+	"math/bits"
+	"sync"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// Store is the block store of one node: the arena, its allocator, the
+// index, namespaces and open reservations. Every method is safe for
+// concurrent use; one mutex guards the metadata and is never held while
+// block bytes are copied or checksummed.
+//
+// Puts are two-phase. Reserve allocates pages and returns a Reservation
+// whose Bytes the writer fills (a server handler from a socket, or a
+// same-host client through its mapping); Commit checksums the bytes and
+// publishes the block, Abort gives the pages back. A reservation that is
+// neither committed nor aborted within Config.ReservationTimeout is
+// reclaimed by ReclaimExpired, unless a server handler owns it (handlers
+// enforce their own deadline and always end their reservations).
+//
+// Readers Acquire a Pin and Release it when done; a pinned block keeps its
+// bytes even when removed, and its pages are freed on the last release.
+type Store struct {
+	seg       *segment
+	pageShift uint
+	pageBytes int64
+	maxBlock  int64
+	maxNS     int
+	resTTL    time.Duration
+	now       func() time.Time
+
+	mu struct {
+		sync.Mutex
+		alloc      *allocator
+		idx        *index
+		ns         namespaceTable
+		res        map[uint64]*Reservation
+		nextHandle uint64
+
+		storedBytes   uint64 // sum of live values' sizes
+		livePages     uint64 // pages held by live and dead-but-pinned blocks
+		reservedPages uint64
+		scratch       []byte
+	}
+}
+
+// namespaceTable interns (tenant, namespace) pairs into small ids and keeps
+// their usage. Names are never forgotten; MaxNamespaces bounds them.
+type namespaceTable struct {
+	ids  map[string]uint32 // tenant + "\x00" + namespace
+	list []namespaceInfo
+}
+
+type namespaceInfo struct {
+	tenant, namespace string
+	blocks            uint64
+	storedBytes       uint64
+}
+
+// Reservation is space held for a value that is being written. Its Bytes
+// are the value's final location in the arena.
+type Reservation struct {
+	handle   uint64
+	ns       uint32
+	key      []byte
+	page     uint32
+	size     int64
+	deadline time.Time
+	// serverOwned reservations are written by a handler in this process,
+	// which always ends them; the sweeper leaves them alone.
+	serverOwned bool
+	// committing is set once Commit starts; the sweeper then skips r.
+	committing bool
+	mem        []byte
+}
+
+// Handle identifies the reservation to same-host clients.
+func (r *Reservation) Handle() uint64 { return r.handle }
+
+// Offset is the value's byte offset in the segment.
+func (r *Reservation) Offset(pageShift uint) int64 { return int64(r.page) << pageShift }
+
+// Bytes is where the value must be written. It is valid until Commit or
+// Abort returns.
+func (r *Reservation) Bytes() []byte { return r.mem }
+
+// Size is the value's length in bytes.
+func (r *Reservation) Size() int64 { return r.size }
+
+// Pin holds a committed block's bytes for a reader. The zero Pin is
+// invalid. Callers MUST Release every Pin they Acquire.
+type Pin struct {
+	idx, gen uint32
+	Mem      []byte // the value; read-only, valid until Release
+	CRC      uint32
+	Offset   int64
+}
+
+// Handle packs the pin into a number a same-host client can hand back.
+func (p Pin) Handle() uint64 { return uint64(p.gen)<<32 | uint64(p.idx) }
+
+func pinFromHandle(h uint64) (idx, gen uint32) { return uint32(h), uint32(h >> 32) }
+
+func newStore(cfg *Config, seg *segment) *Store {
+	s := &Store{
+		seg:       seg,
+		pageShift: uint(bits.TrailingZeros64(uint64(cfg.PageBytes))),
+		pageBytes: cfg.PageBytes,
+		maxBlock:  cfg.MaxBlockBytes,
+		maxNS:     cfg.MaxNamespaces,
+		resTTL:    cfg.ReservationTimeout,
+		now:       cfg.Now,
+	}
+	s.mu.alloc = newAllocator(uint32(cfg.CapacityBytes / cfg.PageBytes))
+	s.mu.idx = newIndex()
+	s.mu.ns = namespaceTable{ids: map[string]uint32{}}
+	s.mu.res = map[uint64]*Reservation{}
+	return s
+}
+
+func (s *Store) pagesFor(size int64) uint32 {
+	return uint32((size + s.pageBytes - 1) >> s.pageShift)
+}
+
+func (s *Store) memAt(page uint32, size int64) []byte {
+	off := int64(page) << s.pageShift
+	return s.seg.mem[off : off+size : off+size]
+}
+
+// namespaceIDLocked returns the id of (tenant, ns), creating it when create
+// is set. REQUIRES: s.mu.
+func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error) {
+	s.mu.scratch = append(append(append(s.mu.scratch[:0], tenant...), 0), ns...)
+	if id, ok := s.mu.ns.ids[string(s.mu.scratch)]; ok {
+		return id, nil
+	}
+	if !create {
+		return 0, api.ErrNotFound
+	}
+	if len(s.mu.ns.list) >= s.maxNS {
+		return 0, api.Errorf(api.ErrResourceExhausted, "pool: node already holds %d namespaces", s.maxNS)
+	}
+	id := uint32(len(s.mu.ns.list))
+	s.mu.ns.ids[string(s.mu.scratch)] = id
+	s.mu.ns.list = append(s.mu.ns.list, namespaceInfo{tenant: string(tenant), namespace: string(ns)})
+	return id, nil
+}
+
+// validateKey checks names and key without allocating on success.
+func validateKey(tenant, ns, key []byte) error {
+	if err := api.ValidateKey(key); err != nil {
+		return err
+	}
+	for _, f := range [...]struct {
+		kind string
+		v    []byte
+	}{{"tenant", tenant}, {"namespace", ns}} {
+		if len(f.v) == 0 || len(f.v) > api.MaxNameBytes || !validName(f.v) {
+			return api.ValidateName(f.kind, string(f.v))
+		}
+	}
+	return nil
+}
+
+func validName(b []byte) bool {
+	for _, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidateSize checks a value length against the node's limits.
+func (s *Store) ValidateSize(size int64) error {
+	switch {
+	case size <= 0:
+		return api.Errorf(api.ErrInvalidArgument, "pool: value size %d must be positive", size)
+	case size > s.maxBlock:
+		return api.Errorf(api.ErrInvalidArgument, "pool: value of %d bytes exceeds the node's max block size of %d bytes", size, s.maxBlock)
+	}
+	return nil
+}
+
+// Reserve allocates space for a value of size bytes under (tenant, ns,
+// key). serverOwned marks a reservation written by a handler in this
+// process. Errors: ErrInvalidArgument for a bad key or size,
+// ErrResourceExhausted when no free run is long enough.
+func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*Reservation, error) {
+	if err := validateKey(tenant, ns, key); err != nil {
+		return nil, err
+	}
+	if err := s.ValidateSize(size); err != nil {
+		return nil, err
+	}
+	pages := s.pagesFor(size)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nsID, err := s.namespaceIDLocked(tenant, ns, true)
+	if err != nil {
+		return nil, err
+	}
+	page, ok := s.mu.alloc.alloc(pages)
+	if !ok {
+		return nil, api.Errorf(api.ErrResourceExhausted, "pool: no room for %d bytes: %d of %d bytes free, largest free run %d bytes",
+			size, s.mu.alloc.freePages<<s.pageShift, uint64(s.mu.alloc.pages)<<s.pageShift, uint64(s.mu.alloc.largestFree())<<s.pageShift)
+	}
+	s.mu.nextHandle++
+	r := &Reservation{
+		handle:      s.mu.nextHandle,
+		ns:          nsID,
+		key:         bytes.Clone(key),
+		page:        page,
+		size:        size,
+		deadline:    s.now().Add(s.resTTL),
+		serverOwned: serverOwned,
+		mem:         s.memAt(page, size),
+	}
+	s.mu.res[r.handle] = r
+	s.mu.reservedPages += uint64(pages)
+	return r, nil
+}
+
+// Reservation returns the open reservation with handle h.
+func (s *Store) Reservation(h uint64) (*Reservation, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.mu.res[h]
+	return r, ok
+}
+
+// endReservationLocked removes r from the table and reports whether it was
+// still open. REQUIRES: s.mu.
+func (s *Store) endReservationLocked(r *Reservation) bool {
+	if s.mu.res[r.handle] != r {
+		return false
+	}
+	delete(s.mu.res, r.handle)
+	s.mu.reservedPages -= uint64(s.pagesFor(r.size))
+	return true
+}
+
+// Abort gives r's pages back. Aborting an ended reservation does nothing.
+func (s *Store) Abort(r *Reservation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.endReservationLocked(r) {
+		s.mu.alloc.free(r.page, s.pagesFor(r.size))
+	}
+}
+
+// CommitResult says what a commit did.
+type CommitResult struct {
+	// Existed is true when an identical block was already committed; the
+	// reservation's pages were given back.
+	Existed bool
+	// CRC is the checksum stored with the block.
+	CRC uint32
+}
+
+// Commit publishes r's bytes as a block. crc is the CRC-32C of the bytes as
+// the committer computed them while writing; when haveCRC is false the
+// store computes it now. want, when haveWant is set, is the checksum the
+// client claims: a mismatch is ErrDataLoss. A key that already holds equal
+// bytes succeeds with Existed; different bytes give ErrAlreadyExists. On
+// every error the reservation is aborted and no committed block changes.
+func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, haveWant bool) (CommitResult, error) {
+	s.mu.Lock()
+	if s.mu.res[r.handle] != r || r.committing {
+		s.mu.Unlock()
+		return CommitResult{}, api.Errorf(api.ErrFailedPrecondition, "pool: reservation %d expired or already ended", r.handle)
+	}
+	// From here on the sweeper leaves r alone and nobody else commits it.
+	r.committing = true
+	s.mu.Unlock()
+
+	if !haveCRC {
+		crc = api.Checksum(r.mem)
+	}
+	if haveWant && want != crc {
+		s.Abort(r)
+		return CommitResult{}, api.Errorf(api.ErrDataLoss, "pool: value checksum %08x, client sent %08x", crc, want)
+	}
+	s.mu.Lock()
+	if idx, ok := s.mu.idx.lookup(r.ns, r.key); ok {
+		// Blocks are immutable: compare with what is there, outside the
+		// lock, while both stay pinned.
+		e := s.mu.idx.entries.at(idx)
+		same := int64(e.size) == r.size && e.crc == crc
+		var pin Pin
+		if same {
+			pin = s.pinLocked(idx)
+		}
+		ni := s.mu.ns.list[r.ns]
+		s.mu.Unlock()
+		if same {
+			same = bytes.Equal(pin.Mem, r.mem)
+			s.Release(pin)
+		}
+		s.Abort(r)
+		if same {
+			return CommitResult{Existed: true, CRC: crc}, nil
+		}
+		return CommitResult{}, api.Errorf(api.ErrAlreadyExists, "pool: key %x in %s/%s holds a different value", r.key, ni.tenant, ni.namespace)
+	}
+	idx := s.mu.idx.insert(r.ns, r.key)
+	e := s.mu.idx.entries.at(idx)
+	e.page, e.size, e.crc, e.state = r.page, uint32(r.size), crc, stateLive
+	s.endReservationLocked(r)
+	pages := uint64(s.pagesFor(r.size))
+	s.mu.livePages += pages
+	s.mu.storedBytes += uint64(r.size)
+	ni := &s.mu.ns.list[r.ns]
+	ni.blocks++
+	ni.storedBytes += uint64(r.size)
+	s.mu.Unlock()
+	return CommitResult{CRC: crc}, nil
+}
+
+// pinLocked takes a reader's pin on entry idx. REQUIRES: s.mu.
+func (s *Store) pinLocked(idx uint32) Pin {
+	e := s.mu.idx.entries.at(idx)
+	if e.pins == ^uint16(0) {
+		panic("pool: pin count overflow")
+	}
+	e.pins++
+	return Pin{idx: idx, gen: e.gen, Mem: s.memAt(e.page, int64(e.size)), CRC: e.crc, Offset: int64(e.page) << s.pageShift}
+}
+
+// Acquire pins the block under (tenant, ns, key) for reading. Errors:
+// ErrInvalidArgument, ErrNotFound.
+func (s *Store) Acquire(tenant, ns, key []byte) (Pin, error) {
+	if err := validateKey(tenant, ns, key); err != nil {
+		return Pin{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx, ok := s.lookupLocked(tenant, ns, key)
+	if !ok {
+		return Pin{}, api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
+	}
+	return s.pinLocked(idx), nil
+}
+
+func (s *Store) lookupLocked(tenant, ns, key []byte) (uint32, bool) {
+	nsID, err := s.namespaceIDLocked(tenant, ns, false)
+	if err != nil {
+		return 0, false
+	}
+	return s.mu.idx.lookup(nsID, key)
+}
+
+// Release drops a pin taken by Acquire. The pages of a block removed while
+// pinned are freed on its last release.
+func (s *Store) Release(p Pin) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.releaseLocked(p.idx, p.gen); err != nil {
+		panic(err)
+	}
+}
+
+// ReleaseHandle drops a pin that a same-host client names by handle. A
+// handle that names no pin is an error, not a panic: clients are outside
+// our control.
+func (s *Store) ReleaseHandle(h uint64) error {
+	idx, gen := pinFromHandle(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.releaseLocked(idx, gen)
+}
+
+func (s *Store) releaseLocked(idx, gen uint32) error {
+	if idx >= s.mu.idx.entries.n {
+		return api.Errorf(api.ErrInvalidArgument, "pool: no pin %d", idx)
+	}
+	e := s.mu.idx.entries.at(idx)
+	if e.gen != gen || e.pins == 0 || e.state == stateFree {
+		return api.Errorf(api.ErrInvalidArgument, "pool: pin %d.%d is not held", idx, gen)
+	}
+	e.pins--
+	if e.pins == 0 && e.state == stateDead {
+		s.freeEntryLocked(idx)
+	}
+	return nil
+}
+
+func (s *Store) freeEntryLocked(idx uint32) {
+	e := s.mu.idx.entries.at(idx)
+	pages := s.pagesFor(int64(e.size))
+	s.mu.alloc.free(e.page, pages)
+	s.mu.livePages -= uint64(pages)
+	s.mu.idx.releaseEntry(idx)
+}
+
+// Remove deletes the block under (tenant, ns, key). Readers holding it
+// keep their bytes until they release them. Errors: ErrInvalidArgument,
+// ErrNotFound.
+func (s *Store) Remove(tenant, ns, key []byte) error {
+	if err := validateKey(tenant, ns, key); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx, ok := s.lookupLocked(tenant, ns, key)
+	if !ok {
+		return api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
+	}
+	e := s.mu.idx.entries.at(idx)
+	s.mu.idx.unlink(idx)
+	e.state = stateDead
+	s.mu.storedBytes -= uint64(e.size)
+	ni := &s.mu.ns.list[e.ns]
+	ni.blocks--
+	ni.storedBytes -= uint64(e.size)
+	if e.pins == 0 {
+		s.freeEntryLocked(idx)
+	}
+	return nil
+}
+
+// Exists reports for each key whether the node holds it.
+func (s *Store) Exists(tenant, ns []byte, keys [][]byte) ([]bool, error) {
+	for _, k := range keys {
+		if err := validateKey(tenant, ns, k); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]bool, len(keys))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, k := range keys {
+		_, out[i] = s.lookupLocked(tenant, ns, k)
+	}
+	return out, nil
+}
+
+// Locate returns how many leading keys of the chain the node holds.
+func (s *Store) Locate(tenant, ns []byte, chain [][]byte) (int, error) {
+	for _, k := range chain {
+		if err := validateKey(tenant, ns, k); err != nil {
+			return 0, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nsID, err := s.namespaceIDLocked(tenant, ns, false)
+	if err != nil {
+		return 0, nil
+	}
+	for i, k := range chain {
+		if _, ok := s.mu.idx.lookup(nsID, k); !ok {
+			return i, nil
+		}
+	}
+	return len(chain), nil
+}
+
+// ReclaimExpired aborts every client-owned reservation whose deadline is
+// before now and returns how many it reclaimed.
+func (s *Store) ReclaimExpired(now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.mu.res {
+		if !r.serverOwned && !r.committing && r.deadline.Before(now) {
+			s.endReservationLocked(r)
+			s.mu.alloc.free(r.page, s.pagesFor(r.size))
+			n++
+		}
+	}
+	return n
+}
+
+// StoreStats is a snapshot of the store's usage.
+type StoreStats struct {
+	CapacityBytes, UsedBytes, FreeBytes, StoredBytes uint64
+	Blocks, Reservations, ReservedBytes              uint64
+	PageBytes, LargestFreeBytes                      uint64
+	FreeRuns                                         uint64
+	ExternalFragmentation, InternalFragmentation     float64
+	Namespaces                                       []NamespaceStats
+}
+
+// NamespaceStats is the usage of one (tenant, namespace).
+type NamespaceStats struct {
+	Tenant, Namespace   string
+	Blocks, StoredBytes uint64
+}
+
+// Stats returns a snapshot of usage and allocator state.
+func (s *Store) Stats() StoreStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.mu.alloc
+	st := StoreStats{
+		CapacityBytes:         uint64(a.pages) << s.pageShift,
+		FreeBytes:             a.freePages << s.pageShift,
+		StoredBytes:           s.mu.storedBytes,
+		Blocks:                uint64(s.mu.idx.count),
+		Reservations:          uint64(len(s.mu.res)),
+		ReservedBytes:         s.mu.reservedPages << s.pageShift,
+		PageBytes:             uint64(s.pageBytes),
+		LargestFreeBytes:      uint64(a.largestFree()) << s.pageShift,
+		FreeRuns:              a.freeRuns,
+		ExternalFragmentation: a.externalFragmentation(),
+	}
+	st.UsedBytes = st.CapacityBytes - st.FreeBytes
+	if live := s.mu.livePages << s.pageShift; live > 0 {
+		st.InternalFragmentation = 1 - float64(s.mu.storedBytes)/float64(live)
+	}
+	for _, ni := range s.mu.ns.list {
+		st.Namespaces = append(st.Namespaces, NamespaceStats{Tenant: ni.tenant, Namespace: ni.namespace, Blocks: ni.blocks, StoredBytes: ni.storedBytes})
+	}
+	return st
+}
+
+// checkConsistency verifies that the counters match a walk of the index
+// and the allocator. Tests call it after fault injection.
+func (s *Store) checkConsistency() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.mu.alloc.checkInvariants(); err != nil {
+		return err
+	}
+	var live, stored, pages uint64
+	for i := uint32(0); i < s.mu.idx.entries.n; i++ {
+		e := s.mu.idx.entries.at(i)
+		switch e.state {
+		case stateLive:
+			live++
+			stored += uint64(e.size)
+			pages += uint64(s.pagesFor(int64(e.size)))
+		case stateDead:
+			pages += uint64(s.pagesFor(int64(e.size)))
+		}
+	}
+	if live != uint64(s.mu.idx.count) || stored != s.mu.storedBytes || pages != s.mu.livePages {
+		return fmt.Errorf("walk: %d live blocks, %d bytes, %d pages; counters: %d, %d, %d", live, stored, pages, s.mu.idx.count, s.mu.storedBytes, s.mu.livePages)
+	}
+	if used := uint64(s.mu.alloc.pages) - s.mu.alloc.freePages; used != pages+s.mu.reservedPages {
+		return fmt.Errorf("allocator uses %d pages; blocks hold %d and reservations %d", used, pages, s.mu.reservedPages)
+	}
+	return nil
+}

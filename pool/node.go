@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvpool/kvpool/api"
-	"github.com/kvpool/kvpool/api/wire"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
 )
 
 // Node is one kvpool daemon: a Store and the servers in front of it.

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/cmd/kvpool/internal/bench"
+)
+
+func benchCmd(e *env) *cobra.Command {
+	cfg := bench.Config{Op: "get", BlockBytes: 2 << 20, Clients: 1, Duration: 5 * time.Second}
+	var blockBytes int64 = 2 << 20
+	var path string
+	var asJSON, quiet bool
+	var cpuProfile string
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure Get or Put throughput against the raw-TCP or memcpy baseline",
+		Long: `bench measures Get or Put throughput and latency of a node and, in the same run,
+the physical baseline it must be judged against:
+
+  --path data (default)  raw TCP streams of the same block size and connection
+                         count, in this process over loopback; with --server,
+                         the node's own source/sink frames over the real link
+  --path shm             single-threaded memcpy of the same size (per client)
+  --path grpc            as data
+
+Half of the baseline runs before the measured phase and half after, so drift
+on a noisy machine hits both. Without --server, bench starts a node in this
+process. Progress goes to stderr; the result to stdout (--json for machines).`,
+		Example: `  kvpool bench --op get --block-size 2MiB --clients 4 --duration 10s --json
+  kvpool bench --op get --path shm --block-size 2MiB --json
+  kvpool bench --server 10.0.0.5:7070 --op put --clients 2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := api.ParsePath(path)
+			if err != nil {
+				return usageError{err}
+			}
+			if blockBytes <= 0 || blockBytes > 1<<32-1 {
+				return usageError{fmt.Errorf("--block-size %d: want 1 byte to 4 GiB", blockBytes)}
+			}
+			cfg.Path, cfg.BlockBytes = p, int(blockBytes)
+			if !quiet {
+				cfg.Progress = &bench.Progress{W: e.stderr, Terminal: isTerminal(e.stderr)}
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			res, err := bench.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			fmt.Fprintf(e.stdout, "%s %s, %s blocks, %d clients, %s (%s)\n", res.Op, res.Path, formatSize(int64(res.BlockBytes)), res.Clients, time.Duration(res.DurationS*float64(time.Second)).Round(time.Millisecond), res.Server)
+			fmt.Fprintf(e.stdout, "  throughput  %.2f GB/s  (%.0f ops/s)\n", res.GBps, res.OpsPerS)
+			fmt.Fprintf(e.stdout, "  latency     p50 %.3f ms  p99 %.3f ms\n", res.P50Ms, res.P99Ms)
+			if res.Baseline != "" {
+				fmt.Fprintf(e.stdout, "  baseline    %.2f GB/s  %s\n", res.BaselineGBps, res.Baseline)
+				fmt.Fprintf(e.stdout, "  ratio       %.3f\n", res.RatioToBaseline)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.Server, "server", "", "node address (host:port); empty starts a node in this process")
+	f.StringVar(&cfg.Op, "op", cfg.Op, "operation: get or put")
+	f.Var(sizeFlag{&blockBytes}, "block-size", "value size, e.g. 4KiB or 2MiB")
+	f.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, one connection each")
+	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase (the baseline takes as long again)")
+	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc")
+	f.Var(sizeFlag{&cfg.WorkingSetBytes}, "working-set", "distinct block data gets cycle through (default 128MiB)")
+	f.Var(sizeFlag{&cfg.CapacityBytes}, "capacity", "arena size of the in-process node (default 4GiB)")
+	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	return c
+}
+
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

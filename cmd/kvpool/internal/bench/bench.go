@@ -1,0 +1,535 @@
+// Package bench measures a kvpool node's Get and Put throughput and
+// latency, and in the same run the physical baseline the node must be
+// judged against: raw TCP streams of the same block size and connection
+// count for the socket paths, single-threaded memcpy of the same size for
+// shared memory. The baseline runs in two halves, before and after the
+// measured phase, so drift on a noisy machine hits both alike.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/pool"
+)
+
+// Config describes one benchmark run.
+type Config struct {
+	// Server is the node to measure; empty starts one in this process.
+	Server string
+	// Op is "get" or "put".
+	Op string
+	// Path is how clients move bytes: PathData (default), PathShm or
+	// PathGRPC.
+	Path api.Path
+	// BlockBytes is the value size.
+	BlockBytes int
+	// Clients is the number of concurrent clients, each with its own
+	// connection.
+	Clients int
+	// Duration is the measured phase; the baseline takes as long again.
+	Duration time.Duration
+	// WorkingSetBytes is how much distinct block data Gets cycle through,
+	// and the size of the region the baseline sends from. Default 128 MiB.
+	WorkingSetBytes int64
+	// CapacityBytes sizes the in-process node. Default 4 GiB.
+	CapacityBytes int64
+	// NoBaseline skips the baseline.
+	NoBaseline bool
+	// Progress, when set, receives a progress bar.
+	Progress *Progress
+	// Tenant and Namespace hold the benchmark's blocks.
+	Tenant, Namespace string
+}
+
+// Result is what a run measured. Field names are the JSON the CLI prints.
+type Result struct {
+	Op              string  `json:"op"`
+	Path            string  `json:"path"`
+	BlockBytes      int     `json:"block_bytes"`
+	Clients         int     `json:"clients"`
+	DurationS       float64 `json:"duration_s"`
+	Ops             int64   `json:"ops"`
+	GBps            float64 `json:"gbps"`
+	OpsPerS         float64 `json:"ops_per_s"`
+	P50Ms           float64 `json:"p50_ms"`
+	P99Ms           float64 `json:"p99_ms"`
+	Baseline        string  `json:"baseline"`
+	BaselineGBps    float64 `json:"baseline_gbps"`
+	RatioToBaseline float64 `json:"ratio_to_baseline"`
+	Server          string  `json:"server"`
+}
+
+func (c *Config) fill() error {
+	if c.Op != "get" && c.Op != "put" {
+		return fmt.Errorf("%w: op %q: want get or put", api.ErrInvalidArgument, c.Op)
+	}
+	if c.Path == api.PathAuto {
+		c.Path = api.PathData
+	}
+	if c.BlockBytes <= 0 || c.Clients <= 0 || c.Duration <= 0 {
+		return fmt.Errorf("%w: block size, clients and duration must be positive", api.ErrInvalidArgument)
+	}
+	if c.WorkingSetBytes == 0 {
+		c.WorkingSetBytes = 128 << 20
+	}
+	if c.CapacityBytes == 0 {
+		c.CapacityBytes = 4 << 30
+	}
+	if c.Tenant == "" {
+		c.Tenant = "bench"
+	}
+	if c.Namespace == "" {
+		c.Namespace = "bench"
+	}
+	return nil
+}
+
+// Run executes the benchmark.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	server := cfg.Server
+	if server == "" {
+		n, stop, err := startNode(cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		server = n.Addr().String()
+	}
+	clients := make([]*api.Client, cfg.Clients)
+	for i := range clients {
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2})
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if c.Path() != cfg.Path {
+			return nil, fmt.Errorf("%w: node does not offer path %v", api.ErrUnavailable, cfg.Path)
+		}
+		clients[i] = c
+	}
+	blocks := int(max(cfg.WorkingSetBytes/int64(cfg.BlockBytes), 1))
+	keys := make([]api.BlockKey, blocks)
+	for i := range keys {
+		keys[i] = api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "bench-%d-%d", cfg.BlockBytes, i)}
+	}
+	if cfg.Op == "get" {
+		if err := populate(ctx, clients[0], keys, cfg.BlockBytes, cfg.Progress); err != nil {
+			return nil, err
+		}
+	}
+	res := &Result{Op: cfg.Op, Path: cfg.Path.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: cfg.Server}
+	if res.Server == "" {
+		res.Server = "in-process"
+	}
+	var base baseline
+	if !cfg.NoBaseline {
+		var err error
+		if base, err = newBaseline(ctx, cfg, server); err != nil {
+			return nil, err
+		}
+		defer base.close()
+		res.Baseline = base.name()
+		if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+	}
+	if err := measure(ctx, cfg, clients, keys, res); err != nil {
+		return nil, err
+	}
+	if base != nil {
+		if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+		res.BaselineGBps = base.gbps()
+		if res.BaselineGBps > 0 {
+			res.RatioToBaseline = res.GBps / res.BaselineGBps
+		}
+	}
+	if cfg.Op == "get" {
+		for _, k := range keys {
+			clients[0].Remove(ctx, k)
+		}
+	}
+	return res, nil
+}
+
+func startNode(cfg Config) (*pool.Node, func(), error) {
+	pc := pool.DefaultConfig("bench", cfg.CapacityBytes)
+	pc.ListenAddr = "127.0.0.1:0"
+	pc.ShmSocket = ""
+	pc.DisableShm = cfg.Path != api.PathShm
+	if !pc.DisableShm {
+		pc.ShmSocket = fmt.Sprintf("/tmp/kvpool-bench-%d.sock", rand.Uint32())
+	}
+	pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
+	n, err := pool.New(pc)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	<-n.Ready()
+	return n, func() { cancel(); <-done; n.Close() }, nil
+}
+
+func populate(ctx context.Context, c *api.Client, keys []api.BlockKey, size int, p *Progress) error {
+	v := make([]byte, size)
+	for i, k := range keys {
+		fillValue(v, uint64(i))
+		if err := c.Put(ctx, k, v); err != nil {
+			return fmt.Errorf("populate: %w", err)
+		}
+		p.Phase("populate", float64(i+1)/float64(len(keys)), 0)
+	}
+	return nil
+}
+
+func fillValue(v []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 1))
+	for i := 0; i+8 <= len(v); i += 8 {
+		x := r.Uint64()
+		for j := range 8 {
+			v[i+j] = byte(x >> (8 * j))
+		}
+	}
+}
+
+// measure runs the clients for cfg.Duration and fills res.
+func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.BlockKey, res *Result) error {
+	var total atomic.Int64
+	lat := make([][]time.Duration, len(clients))
+	errs := make([]error, len(clients))
+	start := time.Now()
+	deadline := start.Add(cfg.Duration)
+	stopProgress := cfg.Progress.Run("measure", cfg.Duration, &total)
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			buf := make([]byte, cfg.BlockBytes)
+			fillValue(buf, uint64(1000+i))
+			rng := rand.New(rand.NewPCG(uint64(i), 3))
+			// Put keeps the arena from filling the way eviction would: a
+			// helper removes each client's blocks once they are ringSize
+			// puts old, off the put path.
+			const ringSize = 8
+			evict := make(chan api.BlockKey, ringSize)
+			evicted := make(chan struct{})
+			go func() {
+				defer close(evicted)
+				var ring []api.BlockKey
+				for k := range evict {
+					ring = append(ring, k)
+					if len(ring) > ringSize {
+						c.Remove(ctx, ring[0])
+						ring = ring[1:]
+					}
+				}
+				for _, k := range ring {
+					c.Remove(ctx, k)
+				}
+			}()
+			defer func() { close(evict); <-evicted }()
+			for seq := 0; time.Now().Before(deadline); seq++ {
+				var err error
+				t0 := time.Now()
+				switch cfg.Op {
+				case "get":
+					_, err = c.Get(ctx, keys[rng.IntN(len(keys))], buf)
+				case "put":
+					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d", i, seq)}
+					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
+					if err = c.Put(ctx, k, buf); err == nil {
+						evict <- k
+					}
+				}
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+				total.Add(int64(cfg.BlockBytes))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopProgress()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	res.DurationS = elapsed.Seconds()
+	res.Ops = int64(len(all))
+	res.GBps = float64(total.Load()) / elapsed.Seconds() / 1e9
+	res.OpsPerS = float64(len(all)) / elapsed.Seconds()
+	if len(all) > 0 {
+		res.P50Ms = ms(all[len(all)/2])
+		res.P99Ms = ms(all[min(len(all)-1, len(all)*99/100)])
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// baseline is a physical limit measured over the same duration and
+// concurrency as the benchmark.
+type baseline interface {
+	name() string
+	run(ctx context.Context, d time.Duration, p *Progress) error
+	gbps() float64
+	close()
+}
+
+func newBaseline(ctx context.Context, cfg Config, server string) (baseline, error) {
+	switch {
+	case cfg.Path == api.PathShm:
+		return &memcpyBaseline{cfg: cfg}, nil
+	case cfg.Server != "":
+		return &linkBaseline{cfg: cfg, server: server}, nil
+	default:
+		return newTCPBaseline(cfg)
+	}
+}
+
+type meter struct {
+	bytes   int64
+	elapsed time.Duration
+}
+
+func (m *meter) gbps() float64 {
+	if m.elapsed == 0 {
+		return 0
+	}
+	return float64(m.bytes) / m.elapsed.Seconds() / 1e9
+}
+
+// tcpBaseline streams BlockBytes frames over Clients loopback TCP
+// connections in this process: the sender writes each frame from a region
+// the size of the working set, as the node writes from its arena, and the
+// receiver reads each into one buffer, as a client does.
+type tcpBaseline struct {
+	cfg Config
+	ln  net.Listener
+	src []byte
+	meter
+}
+
+func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	src := make([]byte, max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
+	fillValue(src, 99)
+	return &tcpBaseline{cfg: cfg, ln: ln, src: src}, nil
+}
+
+func (b *tcpBaseline) name() string { return "raw-tcp" }
+func (b *tcpBaseline) close()       { b.ln.Close() }
+
+func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
+	var total atomic.Int64
+	stop := p.Run("baseline raw tcp", d, &total)
+	defer stop()
+	size := b.cfg.BlockBytes
+	frames := len(b.src) / size
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	errs := make([]error, b.cfg.Clients)
+	for i := range b.cfg.Clients {
+		wg.Go(func() {
+			// The accepting side sends for get, receives for put.
+			srv := make(chan net.Conn, 1)
+			go func() {
+				c, err := b.ln.Accept()
+				if err != nil {
+					srv <- nil
+					return
+				}
+				srv <- c
+			}()
+			cli, err := net.Dial("tcp", b.ln.Addr().String())
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer cli.Close()
+			sc := <-srv
+			if sc == nil {
+				errs[i] = errors.New("accept failed")
+				return
+			}
+			defer sc.Close()
+			sender, receiver := sc, cli
+			if b.cfg.Op == "put" {
+				sender, receiver = cli, sc
+			}
+			// Mirror the node's memory traffic: a get sends from the arena
+			// into the caller's buffer, a put from the caller's buffer into
+			// the arena. The working-set region plays the arena.
+			one := make([]byte, size)
+			fillValue(one, uint64(i))
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for f := 0; ; f++ {
+					src := one
+					if b.cfg.Op == "get" {
+						off := (f % frames) * size
+						src = b.src[off : off+size]
+					}
+					if _, err := sender.Write(src); err != nil {
+						return
+					}
+				}
+			}()
+			for f := 0; time.Now().Before(deadline); f++ {
+				dst := one
+				if b.cfg.Op == "put" {
+					off := (f % frames) * size
+					dst = b.src[off : off+size]
+				}
+				if _, err := io.ReadFull(receiver, dst); err != nil {
+					errs[i] = err
+					break
+				}
+				total.Add(int64(size))
+			}
+			receiver.Close()
+			sender.Close()
+			<-done
+		})
+	}
+	wg.Wait()
+	b.bytes += total.Load()
+	b.elapsed += time.Since(start)
+	return errors.Join(errs...)
+}
+
+// linkBaseline measures a remote node's link with the data channel's
+// source and sink ops: frames of BlockBytes with no index or arena work.
+type linkBaseline struct {
+	cfg    Config
+	server string
+	meter
+}
+
+func (b *linkBaseline) name() string { return "link-source-sink" }
+func (b *linkBaseline) close()       {}
+
+func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
+	var total atomic.Int64
+	stop := p.Run("baseline link", d, &total)
+	defer stop()
+	op := wire.OpSource
+	if b.cfg.Op == "put" {
+		op = wire.OpSink
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	errs := make([]error, b.cfg.Clients)
+	for i := range b.cfg.Clients {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", b.server)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer c.Close()
+			if _, err := c.Write(wire.Preamble[:]); err != nil {
+				errs[i] = err
+				return
+			}
+			buf := make([]byte, b.cfg.BlockBytes)
+			req := wire.AppendRequest(nil, &wire.Request{Op: op, ValueLen: uint64(b.cfg.BlockBytes)})
+			var resp wire.Response
+			for time.Now().Before(deadline) {
+				if _, err := c.Write(req); err != nil {
+					errs[i] = err
+					return
+				}
+				if op == wire.OpSink {
+					if _, err := c.Write(buf); err != nil {
+						errs[i] = err
+						return
+					}
+				}
+				if err := wire.ReadResponse(c, &resp); err != nil {
+					errs[i] = err
+					return
+				}
+				if op == wire.OpSource {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						errs[i] = err
+						return
+					}
+				}
+				total.Add(int64(b.cfg.BlockBytes))
+			}
+		})
+	}
+	wg.Wait()
+	b.bytes += total.Load()
+	b.elapsed += time.Since(start)
+	return errors.Join(errs...)
+}
+
+// memcpyBaseline copies BlockBytes at a time from a region the size of the
+// working set into one buffer, with Clients goroutines: what a same-host
+// Get must do at the least.
+type memcpyBaseline struct {
+	cfg Config
+	src []byte
+	meter
+}
+
+func (b *memcpyBaseline) name() string { return "memcpy" }
+func (b *memcpyBaseline) close()       {}
+
+func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
+	if b.src == nil {
+		b.src = make([]byte, max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
+		fillValue(b.src, 5)
+	}
+	var total atomic.Int64
+	stop := p.Run("baseline memcpy", d, &total)
+	defer stop()
+	size := b.cfg.BlockBytes
+	frames := len(b.src) / size
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for i := range b.cfg.Clients {
+		wg.Go(func() {
+			dst := make([]byte, size)
+			rng := rand.New(rand.NewPCG(uint64(i), 9))
+			for time.Now().Before(deadline) {
+				off := rng.IntN(frames) * size
+				copy(dst, b.src[off:off+size])
+				total.Add(int64(size))
+			}
+		})
+	}
+	wg.Wait()
+	b.bytes += total.Load()
+	b.elapsed += time.Since(start)
+	return nil
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvpool/kvpool/pool"
+)
+
+// fileConfig is the --config file: YAML (or JSON) with the same names as
+// the flags, in snake_case. Sizes are strings such as "8GiB", durations
+// strings such as "30s". Flags given on the command line win.
+type fileConfig struct {
+	NodeID             string `json:"node_id"`
+	Listen             string `json:"listen"`
+	MetricsListen      string `json:"metrics_listen"`
+	Capacity           string `json:"capacity"`
+	PageSize           string `json:"page_size"`
+	MaxBlockSize       string `json:"max_block_size"`
+	LockMemory         *bool  `json:"lock_memory"`
+	SegmentPath        string `json:"segment_path"`
+	ShmSocket          string `json:"shm_socket"`
+	NoShm              *bool  `json:"no_shm"`
+	ReservationTimeout string `json:"reservation_timeout"`
+	IOTimeout          string `json:"io_timeout"`
+	IdleTimeout        string `json:"idle_timeout"`
+	MaxNamespaces      int    `json:"max_namespaces"`
+	LogLevel           string `json:"log_level"`
+	LogFormat          string `json:"log_format"`
+}
+
+type serveFlags struct {
+	configFile string
+	nodeID     string
+	listen     string
+	metrics    string
+	capacity   int64
+	pageSize   int64
+	maxBlock   int64
+	lockMemory bool
+	segment    string
+	shmSocket  string
+	noShm      bool
+	resTimeout time.Duration
+	ioTimeout  time.Duration
+	idle       time.Duration
+	maxNS      int
+	logLevel   string
+	logFormat  string
+}
+
+func serveCmd(e *env) *cobra.Command {
+	var f serveFlags
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a kvpool node",
+		Long: `serve runs a kvpool node: a shared-memory arena of --capacity bytes that
+engines on this host map directly, with gRPC and the framed data channel on
+--listen (one port), same-host clients on the unix socket --shm-socket, and
+Prometheus metrics, /healthz and /readyz on --metrics-listen.
+
+Settings come from flags, or from a YAML file given with --config whose keys
+are the flag names in snake_case (capacity: 8GiB, listen: 0.0.0.0:7070, ...);
+flags on the command line override the file. SIGINT or SIGTERM stops the node
+gracefully.`,
+		Example: `  kvpool serve --capacity 8GiB --node-id gpu-node-1
+  kvpool serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory
+  kvpool serve --config /etc/kvpool/node.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, logCfg, err := f.config(cmd)
+			if err != nil {
+				return usageError{err}
+			}
+			logger, err := newLogger(e, logCfg[0], logCfg[1])
+			if err != nil {
+				return usageError{err}
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			cfg.Registerer, cfg.Gatherer, cfg.Logger, cfg.Version = reg, reg, logger, version
+			n, err := pool.New(cfg)
+			if err != nil {
+				return err
+			}
+			defer n.Close()
+			logger.Info("kvpool node starting", "node", cfg.NodeID, "listen", n.Addr().String(), "metrics", addrString(n.MetricsAddr()), "shm_socket", n.ShmSocket())
+			return n.Run(cmd.Context())
+		},
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.configFile, "config", "", "YAML config file; flags given on the command line override it")
+	fl.StringVar(&f.nodeID, "node-id", "", "node id, [A-Za-z0-9._-]{1,64} (default: the host name)")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:7070", "address for gRPC and the data channel")
+	fl.StringVar(&f.metrics, "metrics-listen", "127.0.0.1:7080", "address for /metrics, /healthz and /readyz; empty disables")
+	fl.Var(sizeFlag{&f.capacity}, "capacity", "shared-memory arena size, e.g. 8GiB (required)")
+	fl.Var(sizeFlag{&f.pageSize}, "page-size", "allocation granule, a power of two from 512 to 1MiB (default 4KiB)")
+	fl.Var(sizeFlag{&f.maxBlock}, "max-block-size", "largest accepted value (default 64MiB, at most the capacity)")
+	fl.BoolVar(&f.lockMemory, "lock-memory", false, "pre-fault and mlock the arena (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)")
+	fl.StringVar(&f.segment, "segment-path", "", "back the arena with a new file at this path under /dev/shm instead of a memfd")
+	fl.StringVar(&f.shmSocket, "shm-socket", "", "unix socket for same-host clients (default $TMPDIR/kvpool-<node-id>.sock)")
+	fl.BoolVar(&f.noShm, "no-shm", false, "do not offer the shared-memory path")
+	fl.DurationVar(&f.resTimeout, "reservation-timeout", 30*time.Second, "reclaim reservations not committed within this time")
+	fl.DurationVar(&f.ioTimeout, "io-timeout", 30*time.Second, "longest wait for the rest of a started frame or for a write")
+	fl.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "close data connections idle this long")
+	fl.IntVar(&f.maxNS, "max-namespaces", 4096, "most distinct (tenant, namespace) pairs the node holds")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	return c
+}
+
+func addrString(a interface{ String() string }) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// config merges the file and the flags into a pool.Config. Flags set on the
+// command line win over the file; the file wins over flag defaults.
+func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) {
+	var fc fileConfig
+	if f.configFile != "" {
+		b, err := os.ReadFile(f.configFile)
+		if err != nil {
+			return pool.Config{}, [2]string{}, err
+		}
+		if err := yaml.UnmarshalStrict(b, &fc); err != nil {
+			return pool.Config{}, [2]string{}, fmt.Errorf("config %s: %w", f.configFile, err)
+		}
+	}
+	set := cmd.Flags().Changed
+	var errs []error
+	str := func(flag string, fv *string, file string) {
+		if !set(flag) && file != "" {
+			*fv = file
+		}
+	}
+	size := func(flag string, fv *int64, file string) {
+		if set(flag) || file == "" {
+			return
+		}
+		n, err := parseSize(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config %s: %w", strings.ReplaceAll(flag, "-", "_"), err))
+		}
+		*fv = n
+	}
+	dur := func(flag string, fv *time.Duration, file string) {
+		if set(flag) || file == "" {
+			return
+		}
+		d, err := time.ParseDuration(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config %s: %w", strings.ReplaceAll(flag, "-", "_"), err))
+		}
+		*fv = d
+	}
+	boolean := func(flag string, fv *bool, file *bool) {
+		if !set(flag) && file != nil {
+			*fv = *file
+		}
+	}
+	str("node-id", &f.nodeID, fc.NodeID)
+	str("listen", &f.listen, fc.Listen)
+	str("metrics-listen", &f.metrics, fc.MetricsListen)
+	str("segment-path", &f.segment, fc.SegmentPath)
+	str("shm-socket", &f.shmSocket, fc.ShmSocket)
+	str("log-level", &f.logLevel, fc.LogLevel)
+	str("log-format", &f.logFormat, fc.LogFormat)
+	size("capacity", &f.capacity, fc.Capacity)
+	size("page-size", &f.pageSize, fc.PageSize)
+	size("max-block-size", &f.maxBlock, fc.MaxBlockSize)
+	dur("reservation-timeout", &f.resTimeout, fc.ReservationTimeout)
+	dur("io-timeout", &f.ioTimeout, fc.IOTimeout)
+	dur("idle-timeout", &f.idle, fc.IdleTimeout)
+	boolean("lock-memory", &f.lockMemory, fc.LockMemory)
+	boolean("no-shm", &f.noShm, fc.NoShm)
+	if !set("max-namespaces") && fc.MaxNamespaces != 0 {
+		f.maxNS = fc.MaxNamespaces
+	}
+	if f.nodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			errs = append(errs, errors.New("--node-id is required: the host name is unknown"))
+		}
+		f.nodeID = h
+	}
+	if f.capacity == 0 {
+		errs = append(errs, errors.New("--capacity is required, e.g. --capacity 8GiB"))
+	}
+	if len(errs) > 0 {
+		return pool.Config{}, [2]string{}, errors.Join(errs...)
+	}
+	cfg := pool.Config{
+		NodeID:             f.nodeID,
+		ListenAddr:         f.listen,
+		MetricsAddr:        f.metrics,
+		ShmSocket:          f.shmSocket,
+		DisableShm:         f.noShm,
+		CapacityBytes:      f.capacity,
+		PageBytes:          f.pageSize,
+		MaxBlockBytes:      f.maxBlock,
+		LockMemory:         f.lockMemory,
+		SegmentPath:        f.segment,
+		ReservationTimeout: f.resTimeout,
+		IOTimeout:          f.ioTimeout,
+		IdleTimeout:        f.idle,
+		MaxNamespaces:      f.maxNS,
+	}
+	return cfg, [2]string{f.logLevel, f.logFormat}, nil
+}
+
+func newLogger(e *env, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(e.stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

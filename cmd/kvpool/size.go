@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// sizeUnits maps suffixes to multipliers: binary (KiB, MiB, GiB, TiB) and
+// decimal (KB, MB, GB, TB), case-insensitive; a bare number is bytes.
+var sizeUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40},
+	{"b", 1},
+}
+
+// parseSize parses sizes such as "4096", "4KiB", "2MiB", "1.5GiB", "1GB".
+func parseSize(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	if t == "" {
+		return 0, fmt.Errorf("size %q has no number", s)
+	}
+	if n, err := strconv.ParseInt(t, 10, 64); err == nil {
+		if n < 0 || (n > 0 && mult > (1<<63-1)/n) {
+			return 0, fmt.Errorf("size %q is out of range", s)
+		}
+		return n * mult, nil
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || f*float64(mult) >= 1<<63 {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit such as 512MiB or 1GiB", s)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+// sizeFlag is a pflag.Value holding a byte size.
+type sizeFlag struct{ v *int64 }
+
+func (f sizeFlag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return formatSize(*f.v)
+}
+
+func (f sizeFlag) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*f.v = n
+	return nil
+}
+
+func (f sizeFlag) Type() string { return "size" }
+
+// formatSize prints n with the largest binary unit that divides it.
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return fmt.Sprintf("%d%s", n/u.m, u.s)
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}

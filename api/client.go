@@ -192,6 +192,17 @@ type dataConn struct {
 	br   *bufio.Reader
 	buf  []byte
 	resp wire.Response
+	// closing is set when the node announced it closes the connection.
+	closing bool
+}
+
+// readResponse reads a response header and notes FlagClose.
+func (d *dataConn) readResponse(ctx context.Context, what string) error {
+	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
+		return ioError(ctx, what, err)
+	}
+	d.closing = d.resp.Flags&wire.FlagClose != 0
+	return FromCode(codes.Code(d.resp.Status), d.resp.Message)
 }
 
 func newDataConn(c net.Conn) *dataConn {
@@ -228,20 +239,47 @@ type connPool struct {
 	dial   func(context.Context) (*dataConn, error)
 }
 
-func (p *connPool) get(ctx context.Context) (*dataConn, error) {
+// get returns an idle connection (reused) or dials a new one.
+func (p *connPool) get(ctx context.Context) (d *dataConn, reused bool, err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, fmt.Errorf("%w: client is closed", ErrUnavailable)
+		return nil, false, fmt.Errorf("%w: client is closed", ErrUnavailable)
 	}
 	if k := len(p.idle); k > 0 {
 		d := p.idle[k-1]
 		p.idle = p.idle[:k-1]
 		p.mu.Unlock()
-		return d, nil
+		return d, true, nil
 	}
 	p.mu.Unlock()
-	return p.dial(ctx)
+	d, err = p.dial(ctx)
+	return d, false, err
+}
+
+// withConn runs op on a pooled data connection. A connection that failed
+// (an I/O error, or the node announced it closes it) is dropped. An I/O
+// error on a reused idle connection is retried once on a fresh one: the
+// node may have closed it while it sat idle, and every data op is
+// idempotent (blocks are immutable, so a repeated put reports Existed).
+func (c *Client) withConn(ctx context.Context, op func(*dataConn) error) error {
+	for attempt := 0; ; attempt++ {
+		d, reused, err := c.data.get(ctx)
+		if err != nil {
+			return err
+		}
+		d.closing = false
+		err = op(d)
+		remote := err == nil || isRemote(err) || errors.Is(err, errShortBuffer)
+		if remote && !d.closing {
+			c.data.put(d)
+			return err
+		}
+		d.c.Close()
+		if remote || !reused || attempt > 0 || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // put returns a healthy connection; callers close broken ones instead.
@@ -302,22 +340,23 @@ func (c *Client) put(ctx context.Context, k BlockKey, value []byte) (PutResult, 
 	if err := k.Validate(); err != nil {
 		return PutResult{}, err
 	}
+	if len(value) == 0 {
+		return PutResult{}, fmt.Errorf("%w: empty value", ErrInvalidArgument)
+	}
+	if max := c.info.GetMaxBlockBytes(); uint64(len(value)) > max {
+		return PutResult{}, fmt.Errorf("%w: value of %d bytes exceeds the node's max block size of %d bytes", ErrInvalidArgument, len(value), max)
+	}
 	switch c.path {
 	case PathShm:
 		return c.shm.put(ctx, k, value)
 	case PathGRPC:
 		return c.putGRPC(ctx, k, value)
 	}
-	d, err := c.data.get(ctx)
-	if err != nil {
-		return PutResult{}, err
-	}
-	res, err := d.put(ctx, k, value)
-	if err != nil && !isRemote(err) {
-		d.c.Close()
-		return res, err
-	}
-	c.data.put(d)
+	var res PutResult
+	err := c.withConn(ctx, func(d *dataConn) (err error) {
+		res, err = d.put(ctx, k, value)
+		return err
+	})
 	return res, err
 }
 
@@ -349,10 +388,7 @@ func (d *dataConn) put(ctx context.Context, k BlockKey, value []byte) (PutResult
 	if _, err := d.c.Write(d.buf); err != nil {
 		return PutResult{}, ioError(ctx, "put", err)
 	}
-	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
-		return PutResult{}, ioError(ctx, "put", err)
-	}
-	if err := FromCode(codes.Code(d.resp.Status), d.resp.Message); err != nil {
+	if err := d.readResponse(ctx, "put"); err != nil {
 		return PutResult{}, err
 	}
 	return PutResult{Existed: d.resp.Flags&wire.FlagExisted != 0, CRC: d.resp.CRC}, nil
@@ -398,16 +434,11 @@ func (c *Client) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([
 	case PathGRPC:
 		return c.getGRPC(ctx, k, dst, alloc)
 	}
-	d, err := c.data.get(ctx)
-	if err != nil {
-		return nil, err
-	}
-	v, err := d.get(ctx, k, dst, alloc)
-	if err != nil && !isRemote(err) && !errors.Is(err, errShortBuffer) {
-		d.c.Close()
-		return nil, err
-	}
-	c.data.put(d)
+	var v []byte
+	err := c.withConn(ctx, func(d *dataConn) (err error) {
+		v, err = d.get(ctx, k, dst, alloc)
+		return err
+	})
 	return v, err
 }
 
@@ -419,10 +450,7 @@ func (d *dataConn) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) 
 	if err := d.request(&r); err != nil {
 		return nil, ioError(ctx, "get", err)
 	}
-	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
-		return nil, ioError(ctx, "get", err)
-	}
-	if err := FromCode(codes.Code(d.resp.Status), d.resp.Message); err != nil {
+	if err := d.readResponse(ctx, "get"); err != nil {
 		return nil, err
 	}
 	n := d.resp.ValueLen
@@ -536,17 +564,7 @@ func (c *Client) Remove(ctx context.Context, k BlockKey) error {
 		_, err := c.rpc.Remove(ctx, &kvpoolv1.RemoveRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}})
 		return FromStatus(err)
 	}
-	d, err := c.data.get(ctx)
-	if err != nil {
-		return err
-	}
-	err = d.simple(ctx, keyRequest(wire.OpRemove, k))
-	if err != nil && !isRemote(err) {
-		d.c.Close()
-		return err
-	}
-	c.data.put(d)
-	return err
+	return c.withConn(ctx, func(d *dataConn) error { return d.simple(ctx, keyRequest(wire.OpRemove, k)) })
 }
 
 // simple sends a request without a value and reads a response without one.
@@ -555,10 +573,7 @@ func (d *dataConn) simple(ctx context.Context, r wire.Request) error {
 	if err := d.request(&r); err != nil {
 		return ioError(ctx, r.Op.String(), err)
 	}
-	if err := wire.ReadResponse(d.br, &d.resp); err != nil {
-		return ioError(ctx, r.Op.String(), err)
-	}
-	return FromCode(codes.Code(d.resp.Status), d.resp.Message)
+	return d.readResponse(ctx, r.Op.String())
 }
 
 // Locate returns how many leading keys of chain the node holds.

@@ -71,7 +71,7 @@ func (n *Node) serveData(ctx context.Context, c net.Conn, sess *shmSession) {
 		if err != nil {
 			if errors.Is(err, wire.ErrProtocol) {
 				n.metrics.dataOp(wire.Op(0), codes.InvalidArgument)
-				d.respondErr(api.Errorf(api.ErrInvalidArgument, "%v", err))
+				d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
 				n.log.Warn("closing data connection after a malformed frame", "remote", remote(c), "err", err)
 			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
 				n.log.Debug("data connection ended", "remote", remote(c), "err", err)
@@ -132,7 +132,16 @@ func (d *dataConn) respond(err error, resp *wire.Response) error {
 }
 
 func (d *dataConn) respondErr(err error) error {
-	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{Status: uint8(api.Code(err)), Message: err.Error()})
+	return d.respondErrFlags(err, 0)
+}
+
+// respondClose reports err and tells the client the connection ends here.
+func (d *dataConn) respondClose(err error) {
+	d.respondErrFlags(err, wire.FlagClose)
+}
+
+func (d *dataConn) respondErrFlags(err error, flags uint8) error {
+	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{Status: uint8(api.Code(err)), Flags: flags, Message: err.Error()})
 	_, werr := d.c.Write(d.hdr)
 	return werr
 }
@@ -160,7 +169,7 @@ func (d *dataConn) put() error {
 	if err := d.n.store.ValidateSize(int64(min(size, 1<<62))); err != nil {
 		// A size we refuse: we cannot skip a body we will not read.
 		d.n.metrics.dataOp(wire.OpPut, codes.InvalidArgument)
-		d.respondErr(err)
+		d.respondClose(err)
 		return fmt.Errorf("refused a %d-byte put: %w", size, err)
 	}
 	res, err := d.n.store.Reserve(r.Tenant, r.Namespace, r.Key, int64(size), true)
@@ -191,7 +200,7 @@ func (d *dataConn) put() error {
 	want, err := wire.DecodeTrailer(t[:])
 	if err != nil {
 		d.n.metrics.dataOp(wire.OpPut, codes.InvalidArgument)
-		d.respondErr(api.Errorf(api.ErrInvalidArgument, "%v", err))
+		d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
 		return err
 	}
 	committed = true
@@ -228,7 +237,7 @@ func readCRC(r io.Reader, dst []byte) (uint32, error) {
 func (d *dataConn) source() error {
 	size := d.req.ValueLen
 	if size > 1<<40 {
-		d.respondErr(api.Errorf(api.ErrInvalidArgument, "pool: source of %d bytes", size))
+		d.respondClose(api.Errorf(api.ErrInvalidArgument, "pool: source of %d bytes", size))
 		return errors.New("oversized source")
 	}
 	d.n.metrics.dataOp(wire.OpSource, codes.OK)

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"path"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -16,7 +17,7 @@ import (
 // the store at scrape time; counters are bumped at the edges.
 type metrics struct {
 	requests      *prometheus.CounterVec // path, op, code
-	dataCounters  [16][17]prometheus.Counter
+	dataCounters  [wire.NumOps][17]atomic.Pointer[prometheus.Counter]
 	bytesSent     prometheus.Counter
 	bytesReceived prometheus.Counter
 	reclaimed     prometheus.Counter
@@ -46,24 +47,28 @@ func newMetrics(n *Node) (*metrics, error) {
 			return nil, err
 		}
 	}
-	// Resolve the data-channel counters once: the hot path then costs one
-	// atomic add.
-	for op := wire.Op(0); op < wire.Op(len(m.dataCounters)); op++ {
+	return m, nil
+}
+
+// dataOp counts one data-channel request. Each (op, code) counter is
+// resolved once, so the hot path costs an atomic load and add; op 0 counts
+// malformed frames.
+func (m *metrics) dataOp(op wire.Op, code codes.Code) {
+	if int(op) >= len(m.dataCounters) || code > 16 {
+		return
+	}
+	slot := &m.dataCounters[op][code]
+	c := slot.Load()
+	if c == nil {
 		name := op.String()
 		if op == 0 {
 			name = "malformed"
 		}
-		for code := codes.Code(0); code <= 16; code++ {
-			m.dataCounters[op][code] = m.requests.WithLabelValues("data", name, code.String())
-		}
+		v := m.requests.WithLabelValues("data", name, code.String())
+		slot.CompareAndSwap(nil, &v)
+		c = slot.Load()
 	}
-	return m, nil
-}
-
-func (m *metrics) dataOp(op wire.Op, code codes.Code) {
-	if int(op) < len(m.dataCounters) && code <= 16 {
-		m.dataCounters[op][code].Inc()
-	}
+	(*c).Inc()
 }
 
 func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

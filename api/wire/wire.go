@@ -98,6 +98,9 @@ const (
 	opCount
 )
 
+// NumOps bounds Op values: every valid op is below it.
+const NumOps = int(opCount)
+
 var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort"}
 
 func (o Op) String() string {
@@ -121,6 +124,9 @@ const (
 const (
 	// FlagExisted: a Put or Commit found an identical block already stored.
 	FlagExisted = 1 << 0
+	// FlagClose: the node closes the connection after this response (the
+	// request left the stream out of step); the client must not reuse it.
+	FlagClose = 1 << 1
 )
 
 // Request is a decoded request header with its names and key. The byte

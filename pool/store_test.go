@@ -1,0 +1,167 @@
+package pool
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// TestStoreDataDriven pins the store's state machine: where reservations
+// land, what commit does with equal and different bytes, pins that outlive
+// removal, and reclamation of expired reservations. Run with -rewrite to
+// regenerate the expected output after an intended change.
+func TestStoreDataDriven(t *testing.T) {
+	datadriven.Walk(t, "testdata/store", func(t *testing.T, path string) {
+		var (
+			s    *Store
+			seg  *segment
+			now  time.Time
+			res  map[string]*Reservation
+			pins map[string]Pin
+			next int
+		)
+		t.Cleanup(func() {
+			if seg != nil {
+				seg.close()
+			}
+		})
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			arg := func(name string) string {
+				var v string
+				if d.HasArg(name) {
+					d.ScanArgs(t, name, &v)
+				}
+				return v
+			}
+			key := func() (tenant, ns, k []byte) {
+				parts := strings.SplitN(arg("ns"), "/", 2)
+				return []byte(parts[0]), []byte(parts[1]), []byte(arg("key"))
+			}
+			name := func(prefix string) string { next++; return prefix + strconv.Itoa(next) }
+			switch d.Cmd {
+			case "new":
+				var pages, page int
+				d.ScanArgs(t, "pages", &pages)
+				d.ScanArgs(t, "page", &page)
+				cfg := TestConfig("dd", int64(pages*page))
+				cfg.PageBytes = int64(page)
+				cfg.MaxBlockBytes = int64(pages * page)
+				cfg.ReservationTimeout = 30 * time.Second
+				now = time.Unix(1000, 0)
+				cfg.Now = func() time.Time { return now }
+				if seg != nil {
+					seg.close()
+				}
+				var err error
+				if seg, err = openSegment("dd", "", cfg.CapacityBytes, false); err != nil {
+					t.Fatal(err)
+				}
+				s = newStore(&cfg, seg)
+				res, pins, next = map[string]*Reservation{}, map[string]Pin{}, 0
+				return "ok"
+			case "reserve":
+				tenant, ns, k := key()
+				size, _ := strconv.Atoi(arg("size"))
+				r, err := s.Reserve(tenant, ns, k, int64(size), d.HasArg("server"))
+				if err != nil {
+					return errString(err)
+				}
+				n := name("r")
+				res[n] = r
+				return fmt.Sprintf("%s page=%d pages=%d", n, r.page, s.pagesFor(r.size))
+			case "write":
+				r := res[arg("r")]
+				fill := arg("fill")
+				for i := range r.Bytes() {
+					r.Bytes()[i] = fill[i%len(fill)]
+				}
+				return "ok"
+			case "commit":
+				r := res[arg("r")]
+				want, haveWant := uint32(0), d.HasArg("want")
+				if haveWant {
+					if arg("want") == "right" {
+						want = api.Checksum(r.Bytes())
+					} else {
+						want = api.Checksum(r.Bytes()) ^ 1
+					}
+				}
+				cr, err := s.Commit(r, 0, false, want, haveWant)
+				if err != nil {
+					return errString(err)
+				}
+				if cr.Existed {
+					return fmt.Sprintf("existed crc=%08x", cr.CRC)
+				}
+				return fmt.Sprintf("committed crc=%08x", cr.CRC)
+			case "abort":
+				s.Abort(res[arg("r")])
+				return "ok"
+			case "acquire":
+				tenant, ns, k := key()
+				p, err := s.Acquire(tenant, ns, k)
+				if err != nil {
+					return errString(err)
+				}
+				n := name("p")
+				pins[n] = p
+				return fmt.Sprintf("%s offset=%d size=%d crc=%08x first=%q", n, p.Offset, len(p.Mem), p.CRC, p.Mem[:1])
+			case "release":
+				s.Release(pins[arg("p")])
+				return "ok"
+			case "remove":
+				tenant, ns, k := key()
+				if err := s.Remove(tenant, ns, k); err != nil {
+					return errString(err)
+				}
+				return "ok"
+			case "locate":
+				tenant, ns, _ := key()
+				var chain [][]byte
+				for _, k := range strings.Split(arg("keys"), ",") {
+					chain = append(chain, []byte(k))
+				}
+				n, err := s.Locate(tenant, ns, chain)
+				if err != nil {
+					return errString(err)
+				}
+				return strconv.Itoa(n)
+			case "advance":
+				dur, err := time.ParseDuration(arg("by"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				now = now.Add(dur)
+				return "ok"
+			case "reclaim":
+				return fmt.Sprintf("reclaimed %d", s.ReclaimExpired(now))
+			case "stats":
+				st := s.Stats()
+				if err := s.checkConsistency(); err != nil {
+					return "INCONSISTENT: " + err.Error()
+				}
+				var b bytes.Buffer
+				fmt.Fprintf(&b, "blocks=%d stored=%d used=%d free=%d reservations=%d reserved=%d largest-free=%d free-runs=%d ext-frag=%.3f int-frag=%.3f",
+					st.Blocks, st.StoredBytes, st.UsedBytes, st.FreeBytes, st.Reservations, st.ReservedBytes, st.LargestFreeBytes, st.FreeRuns, st.ExternalFragmentation, st.InternalFragmentation)
+				for _, ns := range st.Namespaces {
+					fmt.Fprintf(&b, "\n%s/%s: blocks=%d stored=%d", ns.Tenant, ns.Namespace, ns.Blocks, ns.StoredBytes)
+				}
+				return b.String()
+			}
+			t.Fatalf("unknown command %q", d.Cmd)
+			return ""
+		})
+	})
+}
+
+// errString prints an error's class and message, for expected output.
+func errString(err error) string {
+	return fmt.Sprintf("error %v: %v", api.Code(err), err)
+}

@@ -1,0 +1,119 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+)
+
+func TestRequestRoundTrip(t *testing.T) {
+	in := Request{Op: OpPut, Flags: FlagChecksum, CRC: 0xdeadbeef, ValueLen: 2 << 20, Handle: 77,
+		Tenant: []byte("acme"), Namespace: []byte("llama3-8b"), Key: bytes.Repeat([]byte{9}, MaxKeyBytes)}
+	b := AppendRequest(nil, &in)
+	var out Request
+	buf := make([]byte, RequestBufferBytes)
+	if err := ReadRequest(bytes.NewReader(b), buf, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Op != in.Op || out.Flags != in.Flags || out.CRC != in.CRC || out.ValueLen != in.ValueLen || out.Handle != in.Handle ||
+		!bytes.Equal(out.Tenant, in.Tenant) || !bytes.Equal(out.Namespace, in.Namespace) || !bytes.Equal(out.Key, in.Key) {
+		t.Fatalf("round trip: got %+v, want %+v", out, in)
+	}
+}
+
+func TestResponseRoundTrip(t *testing.T) {
+	in := Response{Status: 5, Flags: FlagExisted | FlagClose, CRC: 1, ValueLen: 2, Offset: 3, Handle: 4, Message: "no block"}
+	var out Response
+	if err := ReadResponse(bytes.NewReader(AppendResponse(nil, &in)), &out); err != nil {
+		t.Fatal(err)
+	}
+	if out != in {
+		t.Fatalf("got %+v, want %+v", out, in)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good := AppendRequest(nil, &Request{Op: OpGet, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")})
+	mut := func(f func(b []byte)) []byte { b := bytes.Clone(good); f(b); return b }
+	cases := map[string][]byte{
+		"op zero":        mut(func(b []byte) { b[0] = 0 }),
+		"unknown op":     mut(func(b []byte) { b[0] = byte(NumOps) }),
+		"unknown flag":   mut(func(b []byte) { b[1] = 0x80 }),
+		"reserved bytes": mut(func(b []byte) { b[6] = 1 }),
+		"long tenant":    mut(func(b []byte) { b[2] = MaxNameBytes + 1 }),
+		"long key":       mut(func(b []byte) { b[4], b[5] = 0, 1 }),
+	}
+	for name, b := range cases {
+		var r Request
+		if err := ReadRequest(bytes.NewReader(b), make([]byte, RequestBufferBytes), &r); !errors.Is(err, ErrProtocol) {
+			t.Errorf("%s: %v, want ErrProtocol", name, err)
+		}
+	}
+	var r Request
+	if err := ReadRequest(bytes.NewReader(good[:10]), make([]byte, RequestBufferBytes), &r); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("short header: %v, want ErrUnexpectedEOF", err)
+	}
+	if err := ReadRequest(bytes.NewReader(nil), make([]byte, RequestBufferBytes), &r); err != io.EOF {
+		t.Errorf("no bytes: %v, want io.EOF", err)
+	}
+	if _, err := DecodeTrailer(AppendTrailer(nil, 5)[:7]); !errors.Is(err, ErrProtocol) {
+		t.Errorf("short trailer: %v", err)
+	}
+	if crc, err := DecodeTrailer(AppendTrailer(nil, 5)); err != nil || crc != 5 {
+		t.Errorf("trailer: %v %v", crc, err)
+	}
+}
+
+func TestHelloRoundTrip(t *testing.T) {
+	in := Hello{SegmentBytes: 1 << 34, PageBytes: 4096, NodeID: "gpu-node-7"}
+	var out Hello
+	if err := DecodeHello(AppendHello(nil, &in), &out); err != nil || out != in {
+		t.Fatalf("got %+v %v, want %+v", out, err, in)
+	}
+}
+
+// FuzzDecodeRequest feeds arbitrary bytes to the request decoder: it must
+// never panic, and whatever it accepts must re-encode to the same bytes.
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add(AppendRequest(nil, &Request{Op: OpPut, ValueLen: 5, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")}))
+	f.Add(AppendRequest(nil, &Request{Op: OpRelease, Handle: 1}))
+	f.Add([]byte("KVPD\x01\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var r Request
+		err := ReadRequest(bytes.NewReader(b), make([]byte, RequestBufferBytes), &r)
+		if err != nil {
+			return
+		}
+		re := AppendRequest(nil, &r)
+		if !bytes.Equal(re, b[:len(re)]) {
+			t.Fatalf("accepted %x but re-encodes as %x", b[:len(re)], re)
+		}
+	})
+}
+
+func FuzzDecodeResponse(f *testing.F) {
+	f.Add(AppendResponse(nil, &Response{Status: 5, Message: "x"}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var r Response
+		if err := ReadResponse(bytes.NewReader(b), &r); err != nil {
+			return
+		}
+		if re := AppendResponse(nil, &r); !bytes.Equal(re, b[:len(re)]) {
+			t.Fatalf("accepted %x but re-encodes as %x", b[:len(re)], re)
+		}
+	})
+}
+
+func FuzzDecodeHello(f *testing.F) {
+	f.Add(AppendHello(nil, &Hello{SegmentBytes: 4096, PageBytes: 4096, NodeID: "n"}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h Hello
+		if err := DecodeHello(b, &h); err != nil {
+			return
+		}
+		if re := AppendHello(nil, &h); !bytes.Equal(re, b) {
+			t.Fatalf("accepted %x but re-encodes as %x", b, re)
+		}
+	})
+}

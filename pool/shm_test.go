@@ -1,0 +1,158 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+func TestShmViewOutlivesRemove(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	c := dial(t, n, api.PathShm)
+	k := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("viewed")}
+	v := value(1, 1<<20)
+	if err := c.Put(ctx, k, v); err != nil {
+		t.Fatal(err)
+	}
+	view, err := c.View(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	// Another writer reuses space; the pinned bytes must not be touched.
+	for i := range 8 {
+		if err := c.Put(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte{byte(i)}}, value(uint64(10+i), 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(view.Bytes(), v) || view.Verify() != nil {
+		t.Fatal("a removed but viewed block changed under its reader")
+	}
+	used := n.Store().Stats().UsedBytes
+	view.Close()
+	view.Close() // idempotent
+	waitFor(t, "the removed block's pages to be freed", func() bool { return n.Store().Stats().UsedBytes == used-1<<20 })
+}
+
+func TestShmSessionEndReleasesEverything(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("held")}
+	if err := c.Put(ctx, k, value(2, 100_000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.View(ctx, k); err != nil { // never closed
+		t.Fatal(err)
+	}
+	if _, err := c.Reserve(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("never")}, 50_000); err != nil { // never committed
+		t.Fatal(err)
+	}
+	if st := n.Store().Stats(); st.Reservations != 1 {
+		t.Fatalf("%d reservations, want 1", st.Reservations)
+	}
+	c2 := dial(t, n, api.PathData)
+	if err := c2.Remove(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	// The client dies: closing its socket must release its pin and abort
+	// its reservation.
+	c.Close()
+	waitFor(t, "the session's pin and reservation to be released", func() bool {
+		st := n.Store().Stats()
+		return st.Reservations == 0 && st.UsedBytes == 0
+	})
+}
+
+func TestShmReserveCommitInPlace(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	for _, path := range []api.Path{api.PathShm, api.PathData, api.PathGRPC} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := dial(t, n, path)
+			k := api.BlockKey{Tenant: "t", Namespace: path.String(), Key: []byte("inplace")}
+			v := value(3, 777_777)
+			r, err := c.Reserve(ctx, k, len(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(r.Bytes(), v)
+			res, err := r.Commit(ctx)
+			if err != nil || res.Existed || res.CRC != api.Checksum(v) {
+				t.Fatalf("commit: %+v %v", res, err)
+			}
+			if _, err := r.Commit(ctx); !errors.Is(err, api.ErrFailedPrecondition) {
+				t.Fatalf("second commit: %v, want FailedPrecondition", err)
+			}
+			got, err := c.GetValue(ctx, k)
+			if err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("get after in-place commit: %v", err)
+			}
+			r2, err := c.Reserve(ctx, api.BlockKey{Tenant: "t", Namespace: path.String(), Key: []byte("aborted")}, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2.Abort()
+			r2.Abort()
+			waitFor(t, "the aborted reservation to end", func() bool { return n.Store().Stats().Reservations == 0 })
+		})
+	}
+}
+
+func TestShmVerifiedReads(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, VerifySharedReads: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	k := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("scribbled")}
+	v := value(4, 200_000)
+	if err := c.Put(ctx, k, v); err != nil {
+		t.Fatal(err)
+	}
+	view, err := c.View(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A buggy same-host writer scribbles over a committed block.
+	view.Bytes()[100] ^= 0xff
+	buf := make([]byte, len(v))
+	if _, err := c.Get(ctx, k, buf); !errors.Is(err, api.ErrDataLoss) {
+		t.Fatalf("verified shared read of damaged bytes: %v, want DataLoss", err)
+	}
+	// Bytes that leave the host are always checked.
+	d := dial(t, n, api.PathData)
+	if _, err := d.Get(ctx, k, buf); !errors.Is(err, api.ErrDataLoss) {
+		t.Fatalf("data-channel read of damaged bytes: %v, want DataLoss", err)
+	}
+	view.Bytes()[100] ^= 0xff
+	view.Close()
+	if _, err := c.Get(ctx, k, buf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAutoPathPicksShmOnSameHostAndFallsBack(t *testing.T) {
+	withShm := startNode(t)
+	if c := dial(t, withShm, api.PathAuto); c.Path() != api.PathShm {
+		t.Fatalf("same host: picked %v, want shm", c.Path())
+	}
+	noShm := startNode(t, func(c *Config) { c.DisableShm = true })
+	if c := dial(t, noShm, api.PathAuto); c.Path() != api.PathData {
+		t.Fatalf("node without shm: picked %v, want data", c.Path())
+	}
+	if _, err := api.Dial(context.Background(), api.ClientConfig{Server: noShm.Addr().String(), Path: api.PathShm}); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("requiring shm from a node without it: %v, want Unavailable", err)
+	}
+}

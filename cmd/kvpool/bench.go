@@ -42,10 +42,16 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := api.ParsePath(path)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
+			}
+			if cfg.Op != "get" && cfg.Op != "put" {
+				return usageError{error: fmt.Errorf("--op %q: want get or put", cfg.Op)}
+			}
+			if cfg.Clients < 1 || cfg.Duration <= 0 {
+				return usageError{error: fmt.Errorf("--clients must be at least 1 and --duration positive")}
 			}
 			if blockBytes <= 0 || blockBytes > 1<<32-1 {
-				return usageError{fmt.Errorf("--block-size %d: want 1 byte to 4 GiB", blockBytes)}
+				return usageError{error: fmt.Errorf("--block-size %d: want 1 byte to 4 GiB", blockBytes)}
 			}
 			cfg.Path, cfg.BlockBytes = p, int(blockBytes)
 			if !quiet {

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 )
 
 // clientFlags are shared by the commands that talk to one node.
@@ -82,7 +83,7 @@ func (f *clientFlags) checkNames() error {
 func (f *clientFlags) dial(ctx context.Context) (*api.Client, context.Context, context.CancelFunc, error) {
 	p, err := api.ParsePath(f.path)
 	if err != nil {
-		return nil, nil, nil, usageError{err}
+		return nil, nil, nil, usageError{error: err}
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	c, err := api.Dial(ctx, api.ClientConfig{Server: f.server, Path: p})
@@ -114,14 +115,14 @@ func putCmd(e *env) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.checkNames(); err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			k, err := f.key(key)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			if err := api.ValidateKey(k); err != nil {
-				return usageError{fmt.Errorf("--key: %w", err)}
+				return usageError{error: fmt.Errorf("--key: %w", err)}
 			}
 			var value []byte
 			if file == "" || file == "-" {
@@ -174,14 +175,14 @@ it prints the block's size and checksum instead, and the bytes in base64 unless
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.checkNames(); err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			k, err := f.key(key)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			if err := api.ValidateKey(k); err != nil {
-				return usageError{fmt.Errorf("--key: %w", err)}
+				return usageError{error: fmt.Errorf("--key: %w", err)}
 			}
 			c, ctx, cancel, err := f.dial(cmd.Context())
 			if err != nil {
@@ -231,11 +232,11 @@ func locateCmd(e *env) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.checkNames(); err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			chain, err := f.keys(keys)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			c, ctx, cancel, err := f.dial(cmd.Context())
 			if err != nil {
@@ -268,11 +269,11 @@ func existsCmd(e *env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.checkNames(); err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			list, err := f.keys(keys)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			c, ctx, cancel, err := f.dial(cmd.Context())
 			if err != nil {
@@ -318,14 +319,14 @@ func removeCmd(e *env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.checkNames(); err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			k, err := f.key(key)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			if err := api.ValidateKey(k); err != nil {
-				return usageError{fmt.Errorf("--key: %w", err)}
+				return usageError{error: fmt.Errorf("--key: %w", err)}
 			}
 			c, ctx, cancel, err := f.dial(cmd.Context())
 			if err != nil {
@@ -367,7 +368,7 @@ func statsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if f.asJSON {
-				return printJSON(e.stdout, st)
+				return printJSON(e.stdout, statsJSON(st))
 			}
 			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "node\t%s\n", st.GetNodeId())
@@ -394,6 +395,31 @@ func statsCmd(e *env) *cobra.Command {
 	}
 	f.register(c, false)
 	return c
+}
+
+// statsJSON is the stable --json shape of stats: every field present,
+// numbers as numbers.
+func statsJSON(st *kvpoolv1.StatsResponse) map[string]any {
+	ns := make([]map[string]any, 0, len(st.GetNamespaces()))
+	for _, n := range st.GetNamespaces() {
+		ns = append(ns, map[string]any{"tenant": n.GetTenant(), "namespace": n.GetNamespace(), "blocks": n.GetBlocks(), "stored_bytes": n.GetStoredBytes()})
+	}
+	return map[string]any{
+		"node_id":                st.GetNodeId(),
+		"capacity_bytes":         st.GetCapacityBytes(),
+		"used_bytes":             st.GetUsedBytes(),
+		"free_bytes":             st.GetFreeBytes(),
+		"stored_bytes":           st.GetStoredBytes(),
+		"blocks":                 st.GetBlocks(),
+		"reservations":           st.GetReservations(),
+		"reserved_bytes":         st.GetReservedBytes(),
+		"page_bytes":             st.GetPageBytes(),
+		"largest_free_bytes":     st.GetLargestFreeBytes(),
+		"external_fragmentation": st.GetExternalFragmentation(),
+		"internal_fragmentation": st.GetInternalFragmentation(),
+		"memory_locked":          st.GetMemoryLocked(),
+		"namespaces":             ns,
+	}
 }
 
 func humanBytes(n uint64) string {
@@ -428,10 +454,10 @@ own fixed-width encoding.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := api.ParseChainScheme(scheme)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			if blockTokens <= 0 {
-				return usageError{fmt.Errorf("--block-tokens %d: want a positive count", blockTokens)}
+				return usageError{error: fmt.Errorf("--block-tokens %d: want a positive count", blockTokens)}
 			}
 			var in io.Reader = e.stdin
 			if tokensFile != "" {
@@ -444,7 +470,7 @@ own fixed-width encoding.`,
 			}
 			tokens, err := readTokens(in)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			keys, err := api.ChainKeys(api.ChainConfig{Scheme: s, BlockTokens: blockTokens, Seed: seed}, tokens)
 			if err != nil {

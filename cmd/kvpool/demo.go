@@ -41,7 +41,7 @@ of that worked.`,
 
 func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken int64) error {
 	if blocks < 2 || blockTokens < 1 || bytesPerToken < 1 {
-		return usageError{fmt.Errorf("want --blocks ≥ 2, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")}
+		return usageError{error: fmt.Errorf("want --blocks ≥ 2, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")}
 	}
 	out := e.stdout
 	blockBytes := int64(blockTokens) * bytesPerToken

@@ -25,15 +25,19 @@ func main() {
 	stop()
 	if err != nil {
 		var ue usageError
-		if !errors.As(err, &ue) {
+		if !errors.As(err, &ue) || !ue.printed {
 			fmt.Fprintln(os.Stderr, "kvpool:", err)
 		}
 		os.Exit(exitCode(err))
 	}
 }
 
-// usageError marks bad flags or arguments; cobra has already printed them.
-type usageError struct{ error }
+// usageError marks bad flags or arguments: exit status 2. printed is set
+// when the message and usage were already written.
+type usageError struct {
+	error
+	printed bool
+}
 
 func (e usageError) Unwrap() error { return e.error }
 
@@ -71,14 +75,14 @@ Run "kvpool demo" to see a node at work, "kvpool serve" to run one.`,
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		fmt.Fprintf(stderr, "kvpool %s: %v\n\n%s", c.Name(), err, c.UsageString())
-		return usageError{err}
+		return usageError{err, true}
 	})
 	root.AddCommand(serveCmd(e), benchCmd(e), demoCmd(e))
 	root.AddCommand(dataCmds(e)...)
 	err := root.ExecuteContext(ctx)
 	if err != nil && isCobraUsage(err) {
 		fmt.Fprintf(stderr, "kvpool: %v\nRun 'kvpool --help' for usage.\n", err)
-		return usageError{err}
+		return usageError{err, true}
 	}
 	return err
 }

@@ -79,11 +79,11 @@ gracefully.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, logCfg, err := f.config(cmd)
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			logger, err := newLogger(e, logCfg[0], logCfg[1])
 			if err != nil {
-				return usageError{err}
+				return usageError{error: err}
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -208,7 +208,7 @@ func (d *dataConn) readResponse(ctx context.Context, what string) error {
 }
 
 func newDataConn(c net.Conn) *dataConn {
-	return &dataConn{c: c, br: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, 0, wire.RequestBufferBytes+wire.TrailerBytes)}
+	return &dataConn{c: c, br: bufio.NewReaderSize(c, 4<<10), buf: make([]byte, 0, wire.RequestBufferBytes+wire.TrailerBytes)}
 }
 
 // bind applies ctx's deadline and cancellation to the connection until the

@@ -47,8 +47,8 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 			if cfg.Op != "get" && cfg.Op != "put" {
 				return usageError{error: fmt.Errorf("--op %q: want get or put", cfg.Op)}
 			}
-			if cfg.Clients < 1 || cfg.Duration <= 0 {
-				return usageError{error: fmt.Errorf("--clients must be at least 1 and --duration positive")}
+			if cfg.Clients < 1 || cfg.Duration <= 0 || cfg.Rounds < 1 {
+				return usageError{error: fmt.Errorf("--clients and --rounds must be at least 1 and --duration positive")}
 			}
 			if blockBytes <= 0 || blockBytes > 1<<32-1 {
 				return usageError{error: fmt.Errorf("--block-size %d: want 1 byte to 4 GiB", blockBytes)}
@@ -84,6 +84,9 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				fmt.Fprintf(e.stdout, "  baseline    %.2f GB/s  %s\n", res.BaselineGBps, res.Baseline)
 				fmt.Fprintf(e.stdout, "  ratio       %.3f\n", res.RatioToBaseline)
 			}
+			for i, r := range res.Rounds {
+				fmt.Fprintf(e.stdout, "  round %d     %.2f GB/s, baseline %.2f GB/s, ratio %.3f\n", i+1, r.GBps, r.BaselineGBps, r.RatioToBaseline)
+			}
 			return nil
 		},
 	}
@@ -92,7 +95,8 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.StringVar(&cfg.Op, "op", cfg.Op, "operation: get or put")
 	f.Var(sizeFlag{&blockBytes}, "block-size", "value size, e.g. 4KiB or 2MiB")
 	f.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, one connection each")
-	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase (the baseline takes as long again)")
+	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase of each round (the baseline takes as long again)")
+	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat baseline-half, measure, baseline-half this many times; figures sum over all rounds")
 	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc")
 	f.Var(sizeFlag{&cfg.WorkingSetBytes}, "working-set", "distinct block data gets cycle through (default 128MiB)")
 	f.Var(sizeFlag{&cfg.CapacityBytes}, "capacity", "arena size of the in-process node (default 4GiB)")

@@ -37,8 +37,12 @@ type Config struct {
 	// Clients is the number of concurrent clients, each with its own
 	// connection.
 	Clients int
-	// Duration is the measured phase; the baseline takes as long again.
+	// Duration is the measured phase of each round; the baseline takes as
+	// long again.
 	Duration time.Duration
+	// Rounds repeats baseline-half, measure, baseline-half. Results sum
+	// over all rounds; per-round ratios are reported too. Default 1.
+	Rounds int
 	// WorkingSetBytes is how much distinct block data Gets cycle through,
 	// and the size of the region the baseline sends from. Default 128 MiB.
 	WorkingSetBytes int64
@@ -68,6 +72,15 @@ type Result struct {
 	BaselineGBps    float64 `json:"baseline_gbps"`
 	RatioToBaseline float64 `json:"ratio_to_baseline"`
 	Server          string  `json:"server"`
+	// Rounds holds each round's own figures when there is more than one.
+	Rounds []Round `json:"rounds,omitempty"`
+}
+
+// Round is one baseline-measure-baseline cycle.
+type Round struct {
+	GBps            float64 `json:"gbps"`
+	BaselineGBps    float64 `json:"baseline_gbps"`
+	RatioToBaseline float64 `json:"ratio_to_baseline"`
 }
 
 func (c *Config) fill() error {
@@ -79,6 +92,9 @@ func (c *Config) fill() error {
 	}
 	if c.BlockBytes <= 0 || c.Clients <= 0 || c.Duration <= 0 {
 		return fmt.Errorf("%w: block size, clients and duration must be positive", api.ErrInvalidArgument)
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
 	}
 	if c.WorkingSetBytes == 0 {
 		c.WorkingSetBytes = 128 << 20
@@ -143,18 +159,39 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		defer base.close()
 		res.Baseline = base.name()
-		if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
+	}
+	var total measurement
+	for r := range cfg.Rounds {
+		var before meter
+		if base != nil {
+			before = *base.totals()
+			if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+		}
+		m, err := measure(ctx, cfg, clients, keys, r)
+		if err != nil {
+			return nil, err
+		}
+		total.add(m)
+		round := Round{GBps: m.gbps()}
+		if base != nil {
+			if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+			after := base.totals()
+			round.BaselineGBps = (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
+			if round.BaselineGBps > 0 {
+				round.RatioToBaseline = round.GBps / round.BaselineGBps
+			}
+		}
+		if cfg.Rounds > 1 {
+			res.Rounds = append(res.Rounds, round)
 		}
 	}
-	if err := measure(ctx, cfg, clients, keys, res); err != nil {
-		return nil, err
-	}
+	total.fill(res)
 	if base != nil {
-		if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
-		}
-		res.BaselineGBps = base.gbps()
+		res.BaselineGBps = base.totals().gbps()
 		if res.BaselineGBps > 0 {
 			res.RatioToBaseline = res.GBps / res.BaselineGBps
 		}
@@ -209,8 +246,33 @@ func fillValue(v []byte, seed uint64) {
 	}
 }
 
-// measure runs the clients for cfg.Duration and fills res.
-func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.BlockKey, res *Result) error {
+// measurement is what clients moved in some time, with every op's latency.
+type measurement struct {
+	meter
+	lat []time.Duration
+}
+
+func (m *measurement) add(o measurement) {
+	m.bytes += o.bytes
+	m.elapsed += o.elapsed
+	m.lat = append(m.lat, o.lat...)
+}
+
+func (m *measurement) fill(res *Result) {
+	slices.Sort(m.lat)
+	res.DurationS = m.elapsed.Seconds()
+	res.Ops = int64(len(m.lat))
+	res.GBps = m.gbps()
+	res.OpsPerS = float64(len(m.lat)) / m.elapsed.Seconds()
+	if len(m.lat) > 0 {
+		res.P50Ms = ms(m.lat[len(m.lat)/2])
+		res.P99Ms = ms(m.lat[min(len(m.lat)-1, len(m.lat)*99/100)])
+	}
+}
+
+// measure runs the clients for cfg.Duration. round keeps put keys of
+// different rounds apart.
+func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.BlockKey, round int) (measurement, error) {
 	var total atomic.Int64
 	lat := make([][]time.Duration, len(clients))
 	errs := make([]error, len(clients))
@@ -251,7 +313,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 				case "get":
 					_, err = c.Get(ctx, keys[rng.IntN(len(keys))], buf)
 				case "put":
-					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d", i, seq)}
+					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
 					if err = c.Put(ctx, k, buf); err == nil {
 						evict <- k
@@ -270,19 +332,9 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 	elapsed := time.Since(start)
 	stopProgress()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return measurement{}, err
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	res.DurationS = elapsed.Seconds()
-	res.Ops = int64(len(all))
-	res.GBps = float64(total.Load()) / elapsed.Seconds() / 1e9
-	res.OpsPerS = float64(len(all)) / elapsed.Seconds()
-	if len(all) > 0 {
-		res.P50Ms = ms(all[len(all)/2])
-		res.P99Ms = ms(all[min(len(all)-1, len(all)*99/100)])
-	}
-	return nil
+	return measurement{meter: meter{bytes: total.Load(), elapsed: elapsed}, lat: slices.Concat(lat...)}, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
@@ -292,7 +344,7 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 type baseline interface {
 	name() string
 	run(ctx context.Context, d time.Duration, p *Progress) error
-	gbps() float64
+	totals() *meter
 	close()
 }
 
@@ -311,6 +363,8 @@ type meter struct {
 	bytes   int64
 	elapsed time.Duration
 }
+
+func (m *meter) totals() *meter { return m }
 
 func (m *meter) gbps() float64 {
 	if m.elapsed == 0 {

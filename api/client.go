@@ -581,8 +581,10 @@ func (c *Client) Stats(ctx context.Context) (*kvpoolv1.StatsResponse, error) {
 	return resp, FromStatus(err)
 }
 
-// hostID mirrors pool.HostID: the Linux boot id.
-func hostID() string {
+// HostID identifies this machine: the Linux boot id, which differs between
+// hosts and changes on reboot. A node reports its own in Info; a client
+// tries shared memory only when they match.
+func HostID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		h, _ := os.Hostname()

@@ -28,16 +28,12 @@ type shmClient struct {
 	closed atomic.Bool
 }
 
-// HostID identifies this machine: the Linux boot id. A node on the same
-// host reports the same one, and only then is shared memory tried.
-func HostID() string { return hostID() }
-
 func (c *Client) attachShm(ctx context.Context) (*shmClient, error) {
 	path := c.info.GetShmSocket()
 	switch {
 	case path == "":
 		return nil, fmt.Errorf("%w: client: node %s offers no shared memory", ErrUnavailable, c.info.GetNodeId())
-	case c.info.GetHostId() != hostID():
+	case c.info.GetHostId() != HostID():
 		return nil, fmt.Errorf("%w: client: node %s is on another host", ErrUnavailable, c.info.GetNodeId())
 	}
 	var d net.Dialer

@@ -263,26 +263,21 @@ func (n *Node) sweep(ctx context.Context) {
 // after Run has returned.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
-		var errs []error
-		for _, l := range []io.Closer{n.tcpLis, n.httpLis} {
-			if l != nil && !isNil(l) {
-				l.Close()
-			}
+		// Listeners may already be closed by Run; that error is moot.
+		if n.tcpLis != nil {
+			n.tcpLis.Close()
+		}
+		if n.httpLis != nil {
+			n.httpLis.Close()
 		}
 		if n.shmLis != nil {
 			n.shmLis.Close()
 		}
 		if n.seg != nil {
-			errs = append(errs, n.seg.close())
+			n.closeErr = n.seg.close()
 		}
-		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
-}
-
-func isNil(c io.Closer) bool {
-	l, ok := c.(net.Listener)
-	return ok && l == nil
 }
 
 func (n *Node) httpHandler() http.Handler {
@@ -339,7 +334,7 @@ func (n *Node) sniff(ctx context.Context, c net.Conn) {
 	if !bytes.Equal(first[:4], wire.Preamble[:4]) {
 		// Not ours: gRPC owns it from here, replaying the bytes we read.
 		c.SetReadDeadline(time.Time{})
-		n.untrackOnly(c)
+		n.untrack(c)
 		if !n.grpcLis.deliver(&prefixConn{Conn: c, prefix: first[:k]}) {
 			c.Close()
 		}
@@ -367,9 +362,7 @@ func (n *Node) track(c net.Conn) bool {
 	return true
 }
 
-func (n *Node) untrack(c net.Conn) { n.untrackOnly(c) }
-
-func (n *Node) untrackOnly(c net.Conn) {
+func (n *Node) untrack(c net.Conn) {
 	n.connsMu.Lock()
 	defer n.connsMu.Unlock()
 	delete(n.conns, c)

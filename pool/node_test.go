@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvpool/kvpool/api"
@@ -101,5 +102,42 @@ func TestPutGetEveryPath(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLockMemory(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.CapacityBytes = 4 << 20; c.MaxBlockBytes = 1 << 20; c.LockMemory = true })
+	c := dial(t, n, api.PathData)
+	st, err := c.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.GetMemoryLocked() {
+		t.Fatal("--lock-memory did not lock the arena")
+	}
+}
+
+func TestConfigValidationReportsEveryProblem(t *testing.T) {
+	cfg := Config{NodeID: "bad id", CapacityBytes: 1000, PageBytes: 3000, MaxBlockBytes: 1 << 40, GetChunkBytes: 1}
+	_, err := New(cfg)
+	if err == nil {
+		t.Fatal("New accepted a bad config")
+	}
+	for _, want := range []string{"node id", "page size", "capacity", "max block size", "get chunk"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := New(TestConfig("ok", 1<<20)); err != nil {
+		t.Fatalf("TestConfig rejected: %v", err)
+	}
+}
+
+func TestSecondNodeOnTheSameShmSocketFails(t *testing.T) {
+	n := startNode(t)
+	cfg := TestConfig("other", 1<<20)
+	cfg.ShmSocket = n.ShmSocket()
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second node on a live socket: %v", err)
 	}
 }

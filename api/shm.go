@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -26,7 +27,17 @@ type shmClient struct {
 	d      *dataConn
 	broken error // set once the session fails; later calls fail fast
 	closed atomic.Bool
+	// pending are pin handles released by the caller but not yet sent:
+	// they ride in front of the next request, or go out on their own
+	// after releaseDelay. Waking the node's process once per Get instead
+	// of twice is worth about a third of a 2 MiB copy.
+	pending []uint64
+	flusher *time.Timer
 }
+
+// releaseDelay bounds how long a released pin may stay held on the node
+// while the client is idle.
+const releaseDelay = time.Millisecond
 
 func (c *Client) attachShm(ctx context.Context) (*shmClient, error) {
 	path := c.info.GetShmSocket()
@@ -90,6 +101,9 @@ func (s *shmClient) close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.flusher != nil {
+		s.flusher.Stop()
+	}
 	err := s.d.c.Close()
 	if uerr := unix.Munmap(s.mem); uerr != nil {
 		err = errors.Join(err, uerr)
@@ -109,7 +123,9 @@ func (s *shmClient) roundTrip(ctx context.Context, r *wire.Request) (wire.Respon
 	}
 	stop := s.d.bind(ctx)
 	defer stop()
-	if err := s.d.request(r); err != nil {
+	s.d.buf = s.appendReleasesLocked(s.d.buf[:0])
+	s.d.buf = wire.AppendRequest(s.d.buf, r)
+	if _, err := s.d.c.Write(s.d.buf); err != nil {
 		s.broken = ioError(ctx, "shm "+r.Op.String(), err)
 		return wire.Response{}, s.broken
 	}
@@ -120,7 +136,46 @@ func (s *shmClient) roundTrip(ctx context.Context, r *wire.Request) (wire.Respon
 	return s.d.resp, FromCode(codes.Code(s.d.resp.Status), s.d.resp.Message)
 }
 
-// notify sends a request that has no response (release, abort).
+// appendReleasesLocked appends a release frame for every pending pin.
+// REQUIRES: s.mu.
+func (s *shmClient) appendReleasesLocked(b []byte) []byte {
+	for _, h := range s.pending {
+		b = wire.AppendRequest(b, &wire.Request{Op: wire.OpRelease, Handle: h})
+	}
+	s.pending = s.pending[:0]
+	return b
+}
+
+// release queues a pin's release; see pending.
+func (s *shmClient) release(h uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil || s.closed.Load() {
+		return // the node frees what the session held when it closes
+	}
+	s.pending = append(s.pending, h)
+	if s.flusher == nil {
+		s.flusher = time.AfterFunc(releaseDelay, s.flush)
+	} else {
+		s.flusher.Reset(releaseDelay)
+	}
+}
+
+// flush sends pending releases now.
+func (s *shmClient) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 || s.broken != nil || s.closed.Load() {
+		return
+	}
+	s.d.c.SetDeadline(timeNoDeadline)
+	if _, err := s.d.c.Write(s.appendReleasesLocked(s.d.buf[:0])); err != nil {
+		s.broken = fmt.Errorf("%w: client: shm release: %v", ErrUnavailable, err)
+	}
+}
+
+// notify sends a request that has no response (abort), with any pending
+// releases in front of it.
 func (s *shmClient) notify(r *wire.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -128,7 +183,8 @@ func (s *shmClient) notify(r *wire.Request) {
 		return // the node frees what the session held when it closes
 	}
 	s.d.c.SetDeadline(timeNoDeadline)
-	if err := s.d.request(r); err != nil {
+	s.d.buf = wire.AppendRequest(s.appendReleasesLocked(s.d.buf[:0]), r)
+	if _, err := s.d.c.Write(s.d.buf); err != nil {
 		s.broken = fmt.Errorf("%w: client: shm %v: %v", ErrUnavailable, r.Op, err)
 	}
 }
@@ -167,11 +223,12 @@ func (v *View) Verify() error {
 	return nil
 }
 
-// Close releases the pin. It is idempotent.
+// Close releases the pin: the node learns of it with the client's next
+// request, or within a millisecond when there is none. It is idempotent.
 func (v *View) Close() {
 	v.once.Do(func() {
 		if v.s != nil {
-			v.s.notify(&wire.Request{Op: wire.OpRelease, Handle: v.handle})
+			v.s.release(v.handle)
 		}
 	})
 }

@@ -368,9 +368,13 @@ func isRemote(err error) bool {
 		errors.Is(err, ErrResourceExhausted) || errors.Is(err, ErrFailedPrecondition) || errors.Is(err, ErrDataLoss)
 }
 
-// sendChunkBytes is how much of a value is checksummed and written at a
-// time: the CRC pulls it into cache, the write copies it from there.
-const sendChunkBytes = 256 << 10
+// RecvChunkBytes is how much of a value a receiver (client Get, node Put)
+// reads from the socket before checksumming it: small enough that the CRC
+// finds the bytes in L1/L2 right after the kernel wrote them. Measured on
+// 2 MiB values with one client (bench --rounds 3): 64 KiB gives 0.95× the
+// raw-TCP baseline for Get and 1.07× for Put; 256 KiB gives 0.86–0.90×
+// and 0.95×; 32 KiB costs too many syscalls (0.78–0.82× for Get).
+const RecvChunkBytes = 64 << 10
 
 func (d *dataConn) put(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
 	defer d.bind(ctx)()
@@ -378,17 +382,39 @@ func (d *dataConn) put(ctx context.Context, k BlockKey, value []byte) (PutResult
 	r.Flags = wire.FlagChecksum
 	r.ValueLen = uint64(len(value))
 	d.buf = wire.AppendRequest(d.buf[:0], &r)
-	// With the folding CRC (crc32c_fold.go) a 2 MiB checksum costs about
-	// 16 µs, so it is taken up front and the frame goes out in one writev.
-	trailer := wire.AppendTrailer(d.trailer[:0], Checksum(value))
-	bufs := net.Buffers{d.buf, value, trailer}
+	// The checksum is needed only in the trailer, so for large values it
+	// runs on another core while this one copies the value into the
+	// socket: both read the value from cache at once instead of one after
+	// the other (2 MiB puts, one client: +6-10% throughput).
+	crc := checksumAsync(value)
+	bufs := net.Buffers{d.buf, value}
 	if _, err := bufs.WriteTo(d.c); err != nil {
+		crc()
+		return PutResult{}, ioError(ctx, "put", err)
+	}
+	if _, err := d.c.Write(wire.AppendTrailer(d.trailer[:0], crc())); err != nil {
 		return PutResult{}, ioError(ctx, "put", err)
 	}
 	if err := d.readResponse(ctx, "put"); err != nil {
 		return PutResult{}, err
 	}
 	return PutResult{Existed: d.resp.Flags&wire.FlagExisted != 0, CRC: d.resp.CRC}, nil
+}
+
+// asyncChecksumBytes is the size from which checksumAsync uses a helper
+// goroutine: below it the handoff costs more than it hides.
+const asyncChecksumBytes = 256 << 10
+
+// checksumAsync starts the CRC-32C of b and returns a func that waits for
+// it. b MUST NOT change until then.
+func checksumAsync(b []byte) func() uint32 {
+	if len(b) < asyncChecksumBytes {
+		crc := Checksum(b)
+		return func() uint32 { return crc }
+	}
+	ch := make(chan uint32, 1)
+	go func() { ch <- Checksum(b) }()
+	return func() uint32 { return <-ch }
 }
 
 // Get copies the block under k into dst and returns its length. The bytes
@@ -451,7 +477,7 @@ func (d *dataConn) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) 
 	dst = dst[:n]
 	var crc uint32
 	for off := 0; off < len(dst); {
-		k, err := d.br.Read(dst[off:min(off+sendChunkBytes, len(dst))])
+		k, err := d.br.Read(dst[off:min(off+RecvChunkBytes, len(dst))])
 		crc = UpdateChecksum(crc, dst[off:off+k])
 		off += k
 		if err != nil && off < len(dst) {
@@ -546,6 +572,65 @@ func (c *Client) Remove(ctx context.Context, k BlockKey) error {
 		return FromStatus(err)
 	}
 	return c.withConn(ctx, func(d *dataConn) error { return d.simple(ctx, keyRequest(wire.OpRemove, k)) })
+}
+
+// RemoveMany deletes the blocks under keys and returns how many it
+// removed; keys the node does not hold are skipped. On the data channel
+// the removals are pipelined: one round trip per 256 keys.
+func (c *Client) RemoveMany(ctx context.Context, tenant, namespace string, keys [][]byte) (int, error) {
+	removed := 0
+	for _, k := range keys {
+		if err := (BlockKey{Tenant: tenant, Namespace: namespace, Key: k}).Validate(); err != nil {
+			return 0, err
+		}
+	}
+	if c.path == PathGRPC {
+		for _, k := range keys {
+			err := c.Remove(ctx, BlockKey{Tenant: tenant, Namespace: namespace, Key: k})
+			switch {
+			case err == nil:
+				removed++
+			case !errors.Is(err, ErrNotFound):
+				return removed, err
+			}
+		}
+		return removed, nil
+	}
+	const window = 256
+	for len(keys) > 0 {
+		batch := keys[:min(window, len(keys))]
+		keys = keys[len(batch):]
+		err := c.withConn(ctx, func(d *dataConn) error {
+			defer d.bind(ctx)()
+			d.buf = d.buf[:0]
+			for _, k := range batch {
+				r := wire.Request{Op: wire.OpRemove, Tenant: []byte(tenant), Namespace: []byte(namespace), Key: k}
+				d.buf = wire.AppendRequest(d.buf, &r)
+			}
+			if _, err := d.c.Write(d.buf); err != nil {
+				return ioError(ctx, "remove", err)
+			}
+			var first error
+			for range batch {
+				err := d.readResponse(ctx, "remove")
+				switch {
+				case err == nil:
+					removed++
+				case isRemote(err):
+					if !errors.Is(err, ErrNotFound) && first == nil {
+						first = err
+					}
+				default:
+					return err // the connection is broken
+				}
+			}
+			return first
+		})
+		if err != nil {
+			return removed, err
+		}
+	}
+	return removed, nil
 }
 
 // simple sends a request without a value and reads a response without one.

@@ -286,24 +286,23 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			fillValue(buf, uint64(1000+i))
 			rng := rand.New(rand.NewPCG(uint64(i), 3))
 			// Put keeps the arena from filling the way eviction would: a
-			// helper removes each client's blocks once they are ringSize
-			// puts old, off the put path.
-			const ringSize = 8
-			evict := make(chan api.BlockKey, ringSize)
+			// helper removes each client's blocks in batches once they are
+			// more than keepBlocks puts old, off the put path, with one
+			// pipelined round trip per batch.
+			const keepBlocks, batch = 2, 2
+			evict := make(chan []byte, 2*batch)
 			evicted := make(chan struct{})
 			go func() {
 				defer close(evicted)
-				var ring []api.BlockKey
+				var ring [][]byte
 				for k := range evict {
 					ring = append(ring, k)
-					if len(ring) > ringSize {
-						c.Remove(ctx, ring[0])
-						ring = ring[1:]
+					if len(ring) >= keepBlocks+batch {
+						c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring[:batch])
+						ring = append(ring[:0], ring[batch:]...)
 					}
 				}
-				for _, k := range ring {
-					c.Remove(ctx, k)
-				}
+				c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring)
 			}()
 			defer func() { close(evict); <-evicted }()
 			for seq := 0; time.Now().Before(deadline); seq++ {
@@ -316,7 +315,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
 					if err = c.Put(ctx, k, buf); err == nil {
-						evict <- k
+						evict <- k.Key
 					}
 				}
 				if err != nil {
@@ -381,6 +380,7 @@ type tcpBaseline struct {
 	cfg Config
 	ln  net.Listener
 	src []byte
+	mu  sync.Mutex // serializes pair
 	meter
 }
 
@@ -395,6 +395,21 @@ func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 }
 
 func (b *tcpBaseline) name() string { return "raw-tcp" }
+
+// pair returns both ends of one loopback connection. Dial and accept run
+// under a lock so that concurrent clients never get each other's ends.
+func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if client, err = net.Dial("tcp", b.ln.Addr().String()); err != nil {
+		return nil, nil, err
+	}
+	if server, err = b.ln.Accept(); err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return client, server, nil
+}
 func (b *tcpBaseline) close()       { b.ln.Close() }
 
 func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
@@ -409,27 +424,12 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 	errs := make([]error, b.cfg.Clients)
 	for i := range b.cfg.Clients {
 		wg.Go(func() {
-			// The accepting side sends for get, receives for put.
-			srv := make(chan net.Conn, 1)
-			go func() {
-				c, err := b.ln.Accept()
-				if err != nil {
-					srv <- nil
-					return
-				}
-				srv <- c
-			}()
-			cli, err := net.Dial("tcp", b.ln.Addr().String())
+			cli, sc, err := b.pair()
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			defer cli.Close()
-			sc := <-srv
-			if sc == nil {
-				errs[i] = errors.New("accept failed")
-				return
-			}
 			defer sc.Close()
 			sender, receiver := sc, cli
 			if b.cfg.Op == "put" {
@@ -460,8 +460,13 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 					off := (f % frames) * size
 					dst = b.src[off : off+size]
 				}
-				if _, err := io.ReadFull(receiver, dst); err != nil {
-					errs[i] = err
+				// Read in the same pieces the node and client use
+				// (api.RecvChunkBytes): the fastest way to drain a socket
+				// here, so the baseline is as strong as raw TCP gets.
+				if err := readPieces(receiver, dst); err != nil {
+					if time.Now().Before(deadline) {
+						errs[i] = err
+					}
 					break
 				}
 				total.Add(int64(size))
@@ -475,6 +480,18 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 	b.bytes += total.Load()
 	b.elapsed += time.Since(start)
 	return errors.Join(errs...)
+}
+
+// readPieces fills dst from r in reads of at most api.RecvChunkBytes.
+func readPieces(r io.Reader, dst []byte) error {
+	for off := 0; off < len(dst); {
+		k, err := r.Read(dst[off:min(off+api.RecvChunkBytes, len(dst))])
+		off += k
+		if err != nil && off < len(dst) {
+			return err
+		}
+	}
+	return nil
 }
 
 // linkBaseline measures a remote node's link with the data channel's
@@ -531,7 +548,7 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 					return
 				}
 				if op == wire.OpSource {
-					if _, err := io.ReadFull(c, buf); err != nil {
+					if err := readPieces(c, buf); err != nil {
 						errs[i] = err
 						return
 					}

@@ -75,6 +75,10 @@ type ClientConfig struct {
 	// node at commit, and checking them costs about a third of the copy.
 	// Default false.
 	VerifySharedReads bool
+	// NoLocationCache turns off the shared-memory location cache, so every
+	// Get asks the node (one round trip) instead of copying a block this
+	// client read before straight from the segment.
+	NoLocationCache bool
 	// Logger receives the client's logs. Default: discard.
 	Logger *slog.Logger
 	// DialOptions are extra gRPC dial options.
@@ -134,6 +138,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		switch {
 		case err == nil:
 			c.path = PathShm
+			c.shm.noCache = cfg.NoLocationCache
 		case c.path == PathShm:
 			cc.Close()
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -22,6 +23,18 @@ import (
 type shmClient struct {
 	mem    []byte
 	nodeID string
+	// versions mirrors pool.Store.versions (read-only): for each page, the
+	// pin handle of the live block starting there, or 0.
+	versions    []uint64
+	versionsMap []byte
+	pageBytes   uint64
+	// cache remembers where blocks this client has read live, so a repeat
+	// Get copies straight from the segment with no round trip. versions
+	// guards it like a seqlock: a hit counts only if the block's word
+	// holds the same handle before and after the copy.
+	cacheMu sync.RWMutex
+	cache   map[string]location
+	noCache bool
 
 	mu     sync.Mutex
 	d      *dataConn
@@ -34,6 +47,17 @@ type shmClient struct {
 	pending []uint64
 	flusher *time.Timer
 }
+
+// location is a cached block: its place in the segment, its checksum and
+// the pin handle the node gave it (the value of its versions word).
+type location struct {
+	offset, size uint64
+	crc          uint32
+	handle       uint64
+}
+
+// maxCachedLocations bounds the location cache; it is cleared when full.
+const maxCachedLocations = 1 << 16
 
 // releaseDelay bounds how long a released pin may stay held on the node
 // while the client is idle.
@@ -66,7 +90,7 @@ func (c *Client) attachShm(ctx context.Context) (*shmClient, error) {
 // maps the segment.
 func readHello(uc *net.UnixConn, wantNode string) (*shmClient, error) {
 	buf := make([]byte, 512)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(8))
 	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return nil, fmt.Errorf("%w: client: shm hello: %v", ErrUnavailable, err)
@@ -76,11 +100,13 @@ func readHello(uc *net.UnixConn, wantNode string) (*shmClient, error) {
 		return nil, fmt.Errorf("%w: client: shm hello carried no descriptor", ErrUnavailable)
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		return nil, fmt.Errorf("%w: client: shm hello carried no descriptor", ErrUnavailable)
+	for _, fd := range fds {
+		defer unix.Close(fd) // the mappings outlive the descriptors
 	}
-	fd := fds[0]
-	defer unix.Close(fd) // the mapping outlives the descriptor
+	if err != nil || len(fds) != 2 {
+		return nil, fmt.Errorf("%w: client: shm hello carried %d descriptors, want 2", ErrUnavailable, len(fds))
+	}
+	fd, verFD := fds[0], fds[1]
 	var h wire.Hello
 	if err := wire.DecodeHello(buf[:n], &h); err != nil {
 		return nil, fmt.Errorf("%w: client: %v", ErrUnavailable, err)
@@ -88,11 +114,27 @@ func readHello(uc *net.UnixConn, wantNode string) (*shmClient, error) {
 	if h.NodeID != wantNode {
 		return nil, fmt.Errorf("%w: client: shm socket belongs to node %q, not %q", ErrUnavailable, h.NodeID, wantNode)
 	}
+	if h.PageBytes == 0 || h.VersionWords != h.SegmentBytes/uint64(h.PageBytes) {
+		return nil, fmt.Errorf("%w: client: hello: %d version words for %d pages", ErrUnavailable, h.VersionWords, h.SegmentBytes/uint64(max(h.PageBytes, 1)))
+	}
 	mem, err := unix.Mmap(fd, 0, int(h.SegmentBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("%w: client: map segment of %d bytes: %v", ErrUnavailable, h.SegmentBytes, err)
 	}
-	return &shmClient{mem: mem, nodeID: h.NodeID}, nil
+	verBytes := int(h.VersionWords*8+4095) &^ 4095
+	vmem, err := unix.Mmap(verFD, 0, verBytes, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("%w: client: map version words: %v", ErrUnavailable, err)
+	}
+	return &shmClient{
+		mem:         mem,
+		nodeID:      h.NodeID,
+		versions:    unsafe.Slice((*uint64)(unsafe.Pointer(&vmem[0])), h.VersionWords),
+		versionsMap: vmem,
+		pageBytes:   uint64(h.PageBytes),
+		cache:       map[string]location{},
+	}, nil
 }
 
 func (s *shmClient) close() error {
@@ -106,6 +148,9 @@ func (s *shmClient) close() error {
 	}
 	err := s.d.c.Close()
 	if uerr := unix.Munmap(s.mem); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	if uerr := unix.Munmap(s.versionsMap); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
 	return err
@@ -203,6 +248,7 @@ func (s *shmClient) region(off, n uint64) ([]byte, error) {
 type View struct {
 	s      *shmClient
 	handle uint64
+	offset int64
 	mem    []byte
 	crc    uint32
 	once   sync.Once
@@ -256,7 +302,7 @@ func (s *shmClient) view(ctx context.Context, k BlockKey) (*View, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &View{s: s, handle: resp.Handle, crc: resp.CRC}
+	v := &View{s: s, handle: resp.Handle, offset: int64(resp.Offset), crc: resp.CRC}
 	if v.mem, err = s.region(resp.Offset, resp.ValueLen); err != nil {
 		v.Close()
 		return nil, err
@@ -265,31 +311,90 @@ func (s *shmClient) view(ctx context.Context, k BlockKey) (*View, error) {
 }
 
 func (s *shmClient) get(ctx context.Context, k BlockKey, dst []byte, alloc, verify bool) ([]byte, error) {
+	var kb [2*MaxNameBytes + MaxKeyBytes + 2]byte
+	ck := append(append(append(append(append(kb[:0], k.Tenant...), 0), k.Namespace...), 0), k.Key...)
+	if !s.noCache {
+		if v, ok, err := s.getCached(ck, k, dst, alloc, verify); ok || err != nil {
+			return v, err
+		}
+	}
 	v, err := s.view(ctx, k)
 	if err != nil {
 		return nil, err
 	}
 	defer v.Close()
+	out, err := s.copyOut(k, v.mem, v.crc, dst, alloc, verify)
+	if err == nil && !s.noCache {
+		s.remember(string(ck), location{offset: uint64(v.offset), size: uint64(len(v.mem)), crc: v.crc, handle: v.handle})
+	}
+	return out, err
+}
+
+// getCached serves k from the location cache. ok is false on a miss (or a
+// block that changed), and the caller asks the node.
+func (s *shmClient) getCached(ck []byte, k BlockKey, dst []byte, alloc, verify bool) ([]byte, bool, error) {
+	s.cacheMu.RLock()
+	loc, hit := s.cache[string(ck)]
+	s.cacheMu.RUnlock()
+	if !hit {
+		return nil, false, nil
+	}
+	word := &s.versions[loc.offset/s.pageBytes]
+	if atomic.LoadUint64(word) != loc.handle {
+		s.forget(ck)
+		return nil, false, nil
+	}
+	if !alloc && uint64(len(dst)) < loc.size {
+		return nil, true, fmt.Errorf("%w: %d bytes for a %d-byte block", errShortBuffer, len(dst), loc.size)
+	}
+	out, err := s.copyOut(k, s.mem[loc.offset:loc.offset+loc.size], loc.crc, dst, alloc, verify)
+	// The node clears the word before the block's pages can be reused,
+	// so an unchanged word means the copy saw only this block's bytes.
+	if atomic.LoadUint64(word) != loc.handle {
+		s.forget(ck)
+		return nil, false, nil
+	}
+	return out, true, err
+}
+
+func (s *shmClient) remember(ck string, loc location) {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	if len(s.cache) >= maxCachedLocations {
+		clear(s.cache)
+	}
+	s.cache[ck] = loc
+}
+
+func (s *shmClient) forget(ck []byte) {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	delete(s.cache, string(ck))
+}
+
+// copyOut copies a block's bytes out of the segment, checksumming them
+// when verify is set.
+func (s *shmClient) copyOut(k BlockKey, src []byte, want uint32, dst []byte, alloc, verify bool) ([]byte, error) {
 	if alloc {
-		dst = make([]byte, len(v.mem))
+		dst = make([]byte, len(src))
 	}
-	if len(dst) < len(v.mem) {
-		return nil, fmt.Errorf("%w: %d bytes for a %d-byte block", errShortBuffer, len(dst), len(v.mem))
+	if len(dst) < len(src) {
+		return nil, fmt.Errorf("%w: %d bytes for a %d-byte block", errShortBuffer, len(dst), len(src))
 	}
-	dst = dst[:len(v.mem)]
+	dst = dst[:len(src)]
 	if !verify {
-		copy(dst, v.mem)
+		copy(dst, src)
 		return dst, nil
 	}
 	// Checksum each piece right after copying it, while it is in cache.
 	var crc uint32
 	for off := 0; off < len(dst); off += 64 << 10 {
 		end := min(off+64<<10, len(dst))
-		copy(dst[off:end], v.mem[off:end])
+		copy(dst[off:end], src[off:end])
 		crc = UpdateChecksum(crc, dst[off:end])
 	}
-	if crc != v.crc {
-		return nil, fmt.Errorf("%w: client: %s: shared block has CRC %08x, the node stored %08x", ErrDataLoss, k, crc, v.crc)
+	if crc != want {
+		return nil, fmt.Errorf("%w: client: %s: shared block has CRC %08x, the node stored %08x", ErrDataLoss, k, crc, want)
 	}
 	return dst, nil
 }

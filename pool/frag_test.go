@@ -48,7 +48,7 @@ func churn(b *testing.B, size func(*rand.Rand) int64) (occupancy, ext, internal 
 		b.Fatal(err)
 	}
 	defer seg.close()
-	s := newStore(&cfg, seg)
+	s := newStore(&cfg, seg, nil)
 	r := rand.New(rand.NewPCG(7, 7))
 	var keys [][]byte
 	next := 0

@@ -34,9 +34,10 @@ import (
 // connections, and wait for every goroutine it started. Close releases the
 // segment and the listeners; call it after Run returns (or instead of Run).
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	seg     *segment
+	cfg      Config
+	log      *slog.Logger
+	seg      *segment
+	versions *segment // see Store.versions; nil without shared memory
 	store   *Store
 	metrics *metrics
 	hostID  string
@@ -80,7 +81,15 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.seg = seg
-	n.store = newStore(&n.cfg, seg)
+	var words []uint64
+	if !cfg.DisableShm {
+		pages := cfg.CapacityBytes / cfg.PageBytes
+		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", (pages*8+4095)&^4095, false); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		words = n.versions.words()[:pages]
+	}
+	n.store = newStore(&n.cfg, seg, words)
 	if err := n.listen(); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
@@ -275,6 +284,9 @@ func (n *Node) Close() error {
 		}
 		if n.seg != nil {
 			n.closeErr = n.seg.close()
+		}
+		if n.versions != nil {
+			n.closeErr = errors.Join(n.closeErr, n.versions.close())
 		}
 	})
 	return n.closeErr

@@ -141,3 +141,40 @@ func TestSecondNodeOnTheSameShmSocketFails(t *testing.T) {
 		t.Fatalf("second node on a live socket: %v", err)
 	}
 }
+
+func TestRemoveMany(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	for _, path := range []api.Path{api.PathData, api.PathGRPC, api.PathShm} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := dial(t, n, path)
+			var keys [][]byte
+			for i := range 300 {
+				k := []byte(fmt.Sprintf("rm-%d", i))
+				keys = append(keys, k)
+				if i%3 == 0 {
+					continue // left missing: skipped, not an error
+				}
+				if err := c.Put(ctx, api.BlockKey{Tenant: "t", Namespace: path.String(), Key: k}, []byte("v")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			removed, err := c.RemoveMany(ctx, "t", path.String(), keys)
+			if err != nil || removed != 200 {
+				t.Fatalf("RemoveMany = %d, %v; want 200, nil", removed, err)
+			}
+			ex, err := c.Exists(ctx, "t", path.String(), keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range ex {
+				if e {
+					t.Fatalf("key %d still exists", i)
+				}
+			}
+			if _, err := c.RemoveMany(ctx, "t", "bad ns", keys[:1]); !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("bad namespace: %v", err)
+			}
+		})
+	}
+}

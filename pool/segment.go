@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,6 +69,11 @@ func (s *segment) setup(size int64, lock bool) error {
 		s.locked = true
 	}
 	return nil
+}
+
+// words views the segment as 64-bit words; mappings are page aligned.
+func (s *segment) words() []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&s.mem[0])), len(s.mem)/8)
 }
 
 // close unmaps the segment and closes its file; a path-backed segment is

@@ -69,9 +69,10 @@ func (n *Node) acceptShm(ctx context.Context) error {
 }
 
 func (n *Node) sendHello(c *net.UnixConn) error {
-	hello := wire.AppendHello(nil, &wire.Hello{SegmentBytes: uint64(len(n.seg.mem)), PageBytes: uint32(n.cfg.PageBytes), NodeID: n.cfg.NodeID})
+	hello := wire.AppendHello(nil, &wire.Hello{SegmentBytes: uint64(len(n.seg.mem)), PageBytes: uint32(n.cfg.PageBytes),
+		VersionWords: uint64(len(n.store.versions)), NodeID: n.cfg.NodeID})
 	c.SetWriteDeadline(time.Now().Add(n.cfg.IOTimeout))
-	_, _, err := c.WriteMsgUnix(hello, unix.UnixRights(int(n.seg.file.Fd())), nil)
+	_, _, err := c.WriteMsgUnix(hello, unix.UnixRights(int(n.seg.file.Fd()), int(n.versions.file.Fd())), nil)
 	c.SetWriteDeadline(time.Time{})
 	return err
 }

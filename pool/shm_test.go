@@ -156,3 +156,89 @@ func TestAutoPathPicksShmOnSameHostAndFallsBack(t *testing.T) {
 		t.Fatalf("requiring shm from a node without it: %v, want Unavailable", err)
 	}
 }
+
+// TestShmLocationCacheNeverServesWrongBytes races cached same-host reads of
+// one key against a writer that removes it, reuses its pages for other
+// blocks and puts it again with new bytes. Every read must return one
+// whole version of the block, or NotFound; never a mix.
+func TestShmLocationCacheNeverServesWrongBytes(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.CapacityBytes = 8 << 20; c.MaxBlockBytes = 1 << 20 })
+	ctx := context.Background()
+	reader := dial(t, n, api.PathShm)
+	writer := dial(t, n, api.PathShm)
+	k := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("hot")}
+	const size = 256 << 10
+	uniform := func(b byte) []byte { return bytes.Repeat([]byte{b}, size) }
+	if err := writer.Put(ctx, k, uniform(1)); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var hits, misses int
+	go func() {
+		defer close(done)
+		buf := make([]byte, size)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			m, err := reader.Get(ctx, k, buf)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+				misses++
+			case err != nil:
+				t.Errorf("get: %v", err)
+				return
+			default:
+				hits++
+				if m != size || !bytes.Equal(buf, uniform(buf[0])) {
+					t.Errorf("read a torn block: first byte %d, length %d", buf[0], m)
+					return
+				}
+			}
+		}
+	}()
+	for i := range 300 {
+		if err := writer.Remove(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		// Reuse the freed pages with other bytes, then bring k back.
+		filler := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("filler")}
+		if err := writer.Put(ctx, filler, uniform(byte(200+i%50))); err != nil {
+			t.Fatal(err)
+		}
+		if err := writer.Put(ctx, k, uniform(byte(2+i%100))); err != nil {
+			t.Fatal(err)
+		}
+		if err := writer.Remove(ctx, filler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+	if hits == 0 {
+		t.Fatal("the reader never read the block")
+	}
+	t.Logf("%d reads, %d found nothing", hits, misses)
+}
+
+func TestShmLocationCacheCanBeTurnedOff(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, NoLocationCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	k := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("k")}
+	if err := c.Put(ctx, k, value(1, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := c.GetValue(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
@@ -26,7 +27,14 @@ import (
 // Readers Acquire a Pin and Release it when done; a pinned block keeps its
 // bytes even when removed, and its pages are freed on the last release.
 type Store struct {
-	seg       *segment
+	seg *segment
+	// versions has one word per arena page, shared read-only with
+	// same-host clients: the pin handle of the live block that starts at
+	// that page, or 0. Written only under mu: set at commit, cleared at
+	// removal before the pages can be reused. Clients use it as a seqlock
+	// to read cached blocks without asking the node (api shm.go). nil when
+	// the node offers no shared memory.
+	versions  []uint64
 	pageShift uint
 	pageBytes int64
 	maxBlock  int64
@@ -101,14 +109,16 @@ type Pin struct {
 	Offset   int64
 }
 
-// Handle packs the pin into a number a same-host client can hand back.
-func (p Pin) Handle() uint64 { return uint64(p.gen)<<32 | uint64(p.idx) }
+// Handle packs the pin into a number a same-host client can hand back. It
+// is never 0, which the versions words use for "no block".
+func (p Pin) Handle() uint64 { return uint64(p.gen)<<32 | uint64(p.idx+1) }
 
-func pinFromHandle(h uint64) (idx, gen uint32) { return uint32(h), uint32(h >> 32) }
+func pinFromHandle(h uint64) (idx, gen uint32) { return uint32(h) - 1, uint32(h >> 32) }
 
-func newStore(cfg *Config, seg *segment) *Store {
+func newStore(cfg *Config, seg *segment, versions []uint64) *Store {
 	s := &Store{
 		seg:       seg,
+		versions:  versions,
 		pageShift: uint(bits.TrailingZeros64(uint64(cfg.PageBytes))),
 		pageBytes: cfg.PageBytes,
 		maxBlock:  cfg.MaxBlockBytes,
@@ -311,6 +321,9 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	idx := s.mu.idx.insert(r.ns, r.key)
 	e := s.mu.idx.entries.at(idx)
 	e.page, e.size, e.crc, e.state = r.page, uint32(r.size), crc, stateLive
+	if s.versions != nil {
+		atomic.StoreUint64(&s.versions[e.page], Pin{idx: idx, gen: e.gen}.Handle())
+	}
 	s.endReservationLocked(r)
 	pages := uint64(s.pagesFor(r.size))
 	s.mu.livePages += pages
@@ -414,6 +427,11 @@ func (s *Store) Remove(tenant, ns, key []byte) error {
 	e := s.mu.idx.entries.at(idx)
 	s.mu.idx.unlink(idx)
 	e.state = stateDead
+	if s.versions != nil {
+		// Before the pages can be freed: a client reading this block
+		// from its cache sees the change and goes to the node.
+		atomic.StoreUint64(&s.versions[e.page], 0)
+	}
 	s.mu.storedBytes -= uint64(e.size)
 	ni := &s.mu.ns.list[e.ns]
 	ni.blocks--

@@ -310,14 +310,19 @@ func DecodeTrailer(t []byte) (uint32, error) {
 }
 
 // Hello is what a node sends first on a unix-socket connection, together
-// with the segment's file descriptor.
+// with two file descriptors: the segment, and the version words (one
+// uint64 per page, read-only for clients; see pool.Store).
 type Hello struct {
 	SegmentBytes uint64
 	PageBytes    uint32
+	VersionWords uint64
 	NodeID       string
 }
 
-const helloMagic = "KVPS"
+const (
+	helloMagic = "KVPS"
+	helloBytes = 28 // magic, version, id length, 2 zero bytes, three sizes
+)
 
 // AppendHello encodes h.
 func AppendHello(b []byte, h *Hello) []byte {
@@ -325,24 +330,26 @@ func AppendHello(b []byte, h *Hello) []byte {
 	b = append(b, Version, byte(len(h.NodeID)), 0, 0)
 	b = binary.LittleEndian.AppendUint64(b, h.SegmentBytes)
 	b = binary.LittleEndian.AppendUint32(b, h.PageBytes)
+	b = binary.LittleEndian.AppendUint64(b, h.VersionWords)
 	return append(b, h.NodeID...)
 }
 
 // DecodeHello parses a Hello.
 func DecodeHello(b []byte, h *Hello) error {
-	if len(b) < 20 || string(b[:4]) != helloMagic {
+	if len(b) < helloBytes || string(b[:4]) != helloMagic {
 		return fmt.Errorf("%w: not a kvpool hello", ErrProtocol)
 	}
 	if b[4] != Version {
 		return fmt.Errorf("%w: hello version %d, want %d", ErrProtocol, b[4], Version)
 	}
 	n := int(b[5])
-	if len(b) != 20+n {
-		return fmt.Errorf("%w: hello of %d bytes, want %d", ErrProtocol, len(b), 20+n)
+	if len(b) != helloBytes+n || b[6] != 0 || b[7] != 0 {
+		return fmt.Errorf("%w: hello of %d bytes, want %d", ErrProtocol, len(b), helloBytes+n)
 	}
 	h.SegmentBytes = binary.LittleEndian.Uint64(b[8:])
 	h.PageBytes = binary.LittleEndian.Uint32(b[16:])
-	h.NodeID = string(b[20:])
+	h.VersionWords = binary.LittleEndian.Uint64(b[20:])
+	h.NodeID = string(b[helloBytes:])
 	return nil
 }
 

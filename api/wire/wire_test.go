@@ -66,7 +66,7 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestHelloRoundTrip(t *testing.T) {
-	in := Hello{SegmentBytes: 1 << 34, PageBytes: 4096, NodeID: "gpu-node-7"}
+	in := Hello{SegmentBytes: 1 << 34, PageBytes: 4096, VersionWords: 1 << 22, NodeID: "gpu-node-7"}
 	var out Hello
 	if err := DecodeHello(AppendHello(nil, &in), &out); err != nil || out != in {
 		t.Fatalf("got %+v %v, want %+v", out, err, in)

@@ -29,7 +29,9 @@ the physical baseline it must be judged against:
   --path data (default)  raw TCP streams of the same block size and connection
                          count, in this process over loopback; with --server,
                          the node's own source/sink frames over the real link
-  --path shm             single-threaded memcpy of the same size (per client)
+  --path shm             single-threaded memcpy of the same size (per client);
+                         gets of blocks a client read before skip the node
+                         (--no-location-cache makes every get ask it)
   --path grpc            as data
 
 Half of the baseline runs before the measured phase and half after, so drift
@@ -101,6 +103,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.Var(sizeFlag{&cfg.WorkingSetBytes}, "working-set", "distinct block data gets cycle through (default 128MiB)")
 	f.Var(sizeFlag{&cfg.CapacityBytes}, "capacity", "arena size of the in-process node (default 4GiB)")
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
+	f.BoolVar(&cfg.NoLocationCache, "no-location-cache", false, "shm: ask the node on every get instead of reading blocks read before straight from the segment")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")

@@ -50,6 +50,9 @@ type Config struct {
 	CapacityBytes int64
 	// NoBaseline skips the baseline.
 	NoBaseline bool
+	// NoLocationCache makes every shared-memory Get ask the node, instead
+	// of copying blocks this client read before straight from the segment.
+	NoLocationCache bool
 	// Progress, when set, receives a progress bar.
 	Progress *Progress
 	// Tenant and Namespace hold the benchmark's blocks.
@@ -127,7 +130,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2})
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache})
 		if err != nil {
 			return nil, err
 		}
@@ -289,7 +292,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			// helper removes each client's blocks in batches once they are
 			// more than keepBlocks puts old, off the put path, with one
 			// pipelined round trip per batch.
-			const keepBlocks, batch = 2, 2
+			const keepBlocks, batch = 8, 8
 			evict := make(chan []byte, 2*batch)
 			evicted := make(chan struct{})
 			go func() {

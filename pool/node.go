@@ -38,9 +38,9 @@ type Node struct {
 	log      *slog.Logger
 	seg      *segment
 	versions *segment // see Store.versions; nil without shared memory
-	store   *Store
-	metrics *metrics
-	hostID  string
+	store    *Store
+	metrics  *metrics
+	hostID   string
 
 	tcpLis  net.Listener
 	shmLis  *net.UnixListener

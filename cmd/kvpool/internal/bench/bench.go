@@ -413,7 +413,7 @@ func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 	}
 	return client, server, nil
 }
-func (b *tcpBaseline) close()       { b.ln.Close() }
+func (b *tcpBaseline) close() { b.ln.Close() }
 
 func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
 	var total atomic.Int64

@@ -367,10 +367,11 @@ func (c *Client) put(ctx context.Context, k BlockKey, value []byte) (PutResult, 
 	return res, err
 }
 
+// isRemote reports whether err came from the node (the connection is
+// fine) rather than from the connection.
 func isRemote(err error) bool {
 	var re *RemoteError
-	return errors.As(err, &re) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrAlreadyExists) ||
-		errors.Is(err, ErrResourceExhausted) || errors.Is(err, ErrFailedPrecondition) || errors.Is(err, ErrDataLoss)
+	return errors.As(err, &re)
 }
 
 // RecvChunkBytes is how much of a value a receiver (client Get, node Put)
@@ -683,4 +684,3 @@ func HostID() string {
 	return strings.TrimSpace(string(b))
 }
 
-var timeNoDeadline time.Time

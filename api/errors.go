@@ -97,15 +97,17 @@ func FromCode(code codes.Code, msg string) error {
 	if code == codes.OK {
 		return nil
 	}
+	sentinel := ErrInternal
 	for _, e := range codeTable {
 		if e.code == code {
-			if msg == "" || msg == e.err.Error() {
-				return e.err
-			}
-			return &RemoteError{Code: code, Msg: msg, sentinel: e.err}
+			sentinel = e.err
+			break
 		}
 	}
-	return &RemoteError{Code: code, Msg: msg, sentinel: ErrInternal}
+	if msg == "" {
+		msg = sentinel.Error()
+	}
+	return &RemoteError{Code: code, Msg: msg, sentinel: sentinel}
 }
 
 // RemoteError is an error reported by a node. It unwraps to the matching

@@ -213,7 +213,7 @@ func (s *shmClient) flush() {
 	if len(s.pending) == 0 || s.broken != nil || s.closed.Load() {
 		return
 	}
-	s.d.c.SetDeadline(timeNoDeadline)
+	s.d.c.SetDeadline(time.Time{})
 	if _, err := s.d.c.Write(s.appendReleasesLocked(s.d.buf[:0])); err != nil {
 		s.broken = fmt.Errorf("%w: client: shm release: %v", ErrUnavailable, err)
 	}
@@ -227,7 +227,7 @@ func (s *shmClient) notify(r *wire.Request) {
 	if s.broken != nil || s.closed.Load() {
 		return // the node frees what the session held when it closes
 	}
-	s.d.c.SetDeadline(timeNoDeadline)
+	s.d.c.SetDeadline(time.Time{})
 	s.d.buf = wire.AppendRequest(s.appendReleasesLocked(s.d.buf[:0]), r)
 	if _, err := s.d.c.Write(s.d.buf); err != nil {
 		s.broken = fmt.Errorf("%w: client: shm %v: %v", ErrUnavailable, r.Op, err)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs every benchmark behind the README's tables and prints one line per
+# figure. Each kvpool ratio is against a baseline measured in the same run.
+# Takes about six minutes on 2 vCPUs. Needs redis-server and
+# redis-benchmark for the last part (apt-get install redis-server redis-tools).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$(mktemp -d)/kvpool
+go build -o "$bin" ./cmd/kvpool
+
+summary() {
+  python3 -c 'import json,sys
+r=json.load(sys.stdin)
+rounds=" ".join("%.3f" % x["ratio_to_baseline"] for x in r.get("rounds", []))
+print("%-4s %-5s %8d B  clients %d  %6.2f GB/s  p50 %.3f ms  p99 %.3f ms  %s %6.2f GB/s  ratio %.3f  (rounds: %s)" % (
+  r["op"], r["path"], r["block_bytes"], r["clients"], r["gbps"], r["p50_ms"], r["p99_ms"],
+  r["baseline"], r["baseline_gbps"], r["ratio_to_baseline"], rounds))'
+}
+
+echo "== data channel vs raw TCP (in-process node, 2 MiB)"
+for op in get put; do for c in 1 4; do
+  "$bin" bench --op "$op" --clients "$c" --block-size 2MiB --duration 3s --rounds 5 --json --quiet | summary
+done; done
+
+echo "== shared memory vs memcpy (in-process node, 2 MiB)"
+for c in 1 4; do
+  "$bin" bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+  "$bin" bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
+done
+
+echo "== shared memory vs memcpy (node in its own process, 2 MiB)"
+sock=$(mktemp -u /tmp/kvpool-bench-XXXX.sock)
+"$bin" serve --capacity 1GiB --node-id benchnode --listen 127.0.0.1:0 --metrics-listen "" --shm-socket "$sock" --log-format json 2> "$sock.log" &
+pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do grep -q '"listen"' "$sock.log" 2>/dev/null && break; sleep 0.1; done
+addr=$(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    r=json.loads(l)
+    if r.get("msg")=="kvpool node starting": print(r["listen"])' "$sock.log")
+for c in 1 4; do
+  "$bin" bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+  "$bin" bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
+done
+echo "== data channel vs the node's own source/sink frames (node in its own process, 2 MiB)"
+for op in get put; do
+  "$bin" bench --server "$addr" --op "$op" --clients 1 --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+done
+kill $pid; wait $pid 2>/dev/null || true
+
+echo "== metadata per block and GC pauses, 1M blocks of 4 KiB"
+go test -run x -bench MetadataPerBlock -benchtime 1x ./pool | grep Benchmark
+echo "== allocator under churn"
+go test -run x -bench Fragmentation -benchtime 1x ./pool | grep Benchmark
+echo "== CRC-32C"
+go test -run x -bench Checksum ./api | grep Benchmark
+echo "== against Redis"
+go run ./test/redisbench --kvpool "$bin" --block-size 2MiB --clients 1,4 --duration 4s

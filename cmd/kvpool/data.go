@@ -75,6 +75,19 @@ func (f *clientFlags) keys(list []string) ([][]byte, error) {
 	return out, nil
 }
 
+// blockKey builds the key named by --tenant, --namespace and --key, or a
+// usage error saying everything wrong with them.
+func (f *clientFlags) blockKey(key string) (api.BlockKey, error) {
+	k, err := f.key(key)
+	if err != nil {
+		return api.BlockKey{}, usageError{error: err}
+	}
+	if err := errors.Join(f.checkNames(), api.ValidateKey(k)); err != nil {
+		return api.BlockKey{}, usageError{error: err}
+	}
+	return api.BlockKey{Tenant: f.tenant, Namespace: f.namespace, Key: k}, nil
+}
+
 // checkNames validates --tenant and --namespace before any network call.
 func (f *clientFlags) checkNames() error {
 	return errors.Join(api.ValidateName("--tenant", f.tenant), api.ValidateName("--namespace", f.namespace))
@@ -92,6 +105,18 @@ func (f *clientFlags) dial(ctx context.Context) (*api.Client, context.Context, c
 		return nil, nil, nil, err
 	}
 	return c, ctx, cancel, nil
+}
+
+// withClient dials the node, runs fn with a context bounded by --timeout,
+// and closes the client.
+func (f *clientFlags) withClient(cmd *cobra.Command, fn func(ctx context.Context, c *api.Client) error) error {
+	c, ctx, cancel, err := f.dial(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	return fn(ctx, c)
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -114,16 +139,11 @@ func putCmd(e *env) *cobra.Command {
   head -c 2097152 /dev/urandom | kvpool put --tenant acme --namespace m --hex --key 00ff`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkNames(); err != nil {
-				return usageError{error: err}
-			}
-			k, err := f.key(key)
+			bk, err := f.blockKey(key)
 			if err != nil {
-				return usageError{error: err}
+				return err
 			}
-			if err := api.ValidateKey(k); err != nil {
-				return usageError{error: fmt.Errorf("--key: %w", err)}
-			}
+			k := bk.Key
 			var value []byte
 			if file == "" || file == "-" {
 				value, err = io.ReadAll(e.stdin)
@@ -133,26 +153,21 @@ func putCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, ctx, cancel, err := f.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer cancel()
-			defer c.Close()
-			bk := api.BlockKey{Tenant: f.tenant, Namespace: f.namespace, Key: k}
-			res, err := c.PutResult(ctx, bk, value)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(e.stdout, map[string]any{"key": hex.EncodeToString(k), "bytes": len(value), "crc32c": res.CRC, "existed": res.Existed, "path": c.Path().String()})
-			}
-			verb := "stored"
-			if res.Existed {
-				verb = "already held"
-			}
-			fmt.Fprintf(e.stdout, "%s %d bytes as %s (crc32c %08x, via %s)\n", verb, len(value), bk, res.CRC, c.Path())
-			return nil
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				res, err := c.PutResult(ctx, bk, value)
+				if err != nil {
+					return err
+				}
+				if f.asJSON {
+					return printJSON(e.stdout, map[string]any{"key": hex.EncodeToString(k), "bytes": len(value), "crc32c": res.CRC, "existed": res.Existed, "path": c.Path().String()})
+				}
+				verb := "stored"
+				if res.Existed {
+					verb = "already held"
+				}
+				fmt.Fprintf(e.stdout, "%s %d bytes as %s (crc32c %08x, via %s)\n", verb, len(value), bk, res.CRC, c.Path())
+				return nil
+			})
 		},
 	}
 	f.register(c, true)
@@ -174,46 +189,37 @@ it prints the block's size and checksum instead, and the bytes in base64 unless
   kvpool get --tenant acme --namespace m --hex --key 00ff --file out.bin --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkNames(); err != nil {
-				return usageError{error: err}
-			}
-			k, err := f.key(key)
-			if err != nil {
-				return usageError{error: err}
-			}
-			if err := api.ValidateKey(k); err != nil {
-				return usageError{error: fmt.Errorf("--key: %w", err)}
-			}
-			c, ctx, cancel, err := f.dial(cmd.Context())
+			bk, err := f.blockKey(key)
 			if err != nil {
 				return err
 			}
-			defer cancel()
-			defer c.Close()
-			v, err := c.GetValue(ctx, api.BlockKey{Tenant: f.tenant, Namespace: f.namespace, Key: k})
-			if err != nil {
-				return err
-			}
-			if file != "" {
-				if err := os.WriteFile(file, v, 0o644); err != nil {
+			k := bk.Key
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				v, err := c.GetValue(ctx, bk)
+				if err != nil {
 					return err
 				}
-			}
-			if f.asJSON {
-				out := map[string]any{"key": hex.EncodeToString(k), "bytes": len(v), "crc32c": api.Checksum(v), "path": c.Path().String()}
-				if file == "" {
-					out["value_base64"] = base64.StdEncoding.EncodeToString(v)
-				} else {
-					out["file"] = file
+				if file != "" {
+					if err := os.WriteFile(file, v, 0o644); err != nil {
+						return err
+					}
 				}
-				return printJSON(e.stdout, out)
-			}
-			if file == "" {
-				_, err = e.stdout.Write(v)
-				return err
-			}
-			fmt.Fprintf(e.stderr, "wrote %d bytes to %s\n", len(v), file)
-			return nil
+				if f.asJSON {
+					out := map[string]any{"key": hex.EncodeToString(k), "bytes": len(v), "crc32c": api.Checksum(v), "path": c.Path().String()}
+					if file == "" {
+						out["value_base64"] = base64.StdEncoding.EncodeToString(v)
+					} else {
+						out["file"] = file
+					}
+					return printJSON(e.stdout, out)
+				}
+				if file == "" {
+					_, err = e.stdout.Write(v)
+					return err
+				}
+				fmt.Fprintf(e.stderr, "wrote %d bytes to %s\n", len(v), file)
+				return nil
+			})
 		},
 	}
 	f.register(c, true)
@@ -238,21 +244,17 @@ func locateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return usageError{error: err}
 			}
-			c, ctx, cancel, err := f.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer cancel()
-			defer c.Close()
-			n, err := c.Locate(ctx, f.tenant, f.namespace, chain)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(e.stdout, map[string]any{"node_id": c.Info().GetNodeId(), "chain_blocks": len(chain), "prefix_blocks": n})
-			}
-			fmt.Fprintf(e.stdout, "node %s holds %d of %d leading blocks\n", c.Info().GetNodeId(), n, len(chain))
-			return nil
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				n, err := c.Locate(ctx, f.tenant, f.namespace, chain)
+				if err != nil {
+					return err
+				}
+				if f.asJSON {
+					return printJSON(e.stdout, map[string]any{"node_id": c.Info().GetNodeId(), "chain_blocks": len(chain), "prefix_blocks": n})
+				}
+				fmt.Fprintf(e.stdout, "node %s holds %d of %d leading blocks\n", c.Info().GetNodeId(), n, len(chain))
+				return nil
+			})
 		},
 	}
 	f.register(c, true)
@@ -275,27 +277,23 @@ func existsCmd(e *env) *cobra.Command {
 			if err != nil {
 				return usageError{error: err}
 			}
-			c, ctx, cancel, err := f.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer cancel()
-			defer c.Close()
-			ex, err := c.Exists(ctx, f.tenant, f.namespace, list)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				out := make([]map[string]any, len(list))
-				for i, k := range list {
-					out[i] = map[string]any{"key": hex.EncodeToString(k), "exists": ex[i]}
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				ex, err := c.Exists(ctx, f.tenant, f.namespace, list)
+				if err != nil {
+					return err
 				}
-				return printJSON(e.stdout, out)
-			}
-			for i, k := range list {
-				fmt.Fprintf(e.stdout, "%s\t%v\n", displayKey(k, f.hex), ex[i])
-			}
-			return nil
+				if f.asJSON {
+					out := make([]map[string]any, len(list))
+					for i, k := range list {
+						out[i] = map[string]any{"key": hex.EncodeToString(k), "exists": ex[i]}
+					}
+					return printJSON(e.stdout, out)
+				}
+				for i, k := range list {
+					fmt.Fprintf(e.stdout, "%s\t%v\n", displayKey(k, f.hex), ex[i])
+				}
+				return nil
+			})
 		},
 	}
 	f.register(c, true)
@@ -318,31 +316,21 @@ func removeCmd(e *env) *cobra.Command {
 		Short: "Delete one block",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkNames(); err != nil {
-				return usageError{error: err}
-			}
-			k, err := f.key(key)
-			if err != nil {
-				return usageError{error: err}
-			}
-			if err := api.ValidateKey(k); err != nil {
-				return usageError{error: fmt.Errorf("--key: %w", err)}
-			}
-			c, ctx, cancel, err := f.dial(cmd.Context())
+			bk, err := f.blockKey(key)
 			if err != nil {
 				return err
 			}
-			defer cancel()
-			defer c.Close()
-			bk := api.BlockKey{Tenant: f.tenant, Namespace: f.namespace, Key: k}
-			if err := c.Remove(ctx, bk); err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(e.stdout, map[string]any{"key": hex.EncodeToString(k), "removed": true})
-			}
-			fmt.Fprintf(e.stdout, "removed %s\n", bk)
-			return nil
+			k := bk.Key
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				if err := c.Remove(ctx, bk); err != nil {
+					return err
+				}
+				if f.asJSON {
+					return printJSON(e.stdout, map[string]any{"key": hex.EncodeToString(k), "removed": true})
+				}
+				fmt.Fprintf(e.stdout, "removed %s\n", bk)
+				return nil
+			})
 		},
 	}
 	f.register(c, true)
@@ -357,40 +345,36 @@ func statsCmd(e *env) *cobra.Command {
 		Short: "Show a node's capacity, usage and allocator state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, ctx, cancel, err := f.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer cancel()
-			defer c.Close()
-			st, err := c.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if f.asJSON {
-				return printJSON(e.stdout, statsJSON(st))
-			}
-			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "node\t%s\n", st.GetNodeId())
-			fmt.Fprintf(w, "capacity\t%s\n", humanBytes(st.GetCapacityBytes()))
-			fmt.Fprintf(w, "used\t%s (%.1f%%)\n", humanBytes(st.GetUsedBytes()), 100*float64(st.GetUsedBytes())/float64(max(st.GetCapacityBytes(), 1)))
-			fmt.Fprintf(w, "stored\t%s in %d blocks\n", humanBytes(st.GetStoredBytes()), st.GetBlocks())
-			fmt.Fprintf(w, "reservations\t%d (%s)\n", st.GetReservations(), humanBytes(st.GetReservedBytes()))
-			fmt.Fprintf(w, "page\t%s\n", humanBytes(st.GetPageBytes()))
-			fmt.Fprintf(w, "largest free run\t%s\n", humanBytes(st.GetLargestFreeBytes()))
-			fmt.Fprintf(w, "fragmentation\texternal %.3f, internal %.3f\n", st.GetExternalFragmentation(), st.GetInternalFragmentation())
-			fmt.Fprintf(w, "memory locked\t%v\n", st.GetMemoryLocked())
-			w.Flush()
-			if len(st.GetNamespaces()) > 0 {
-				fmt.Fprintln(e.stdout)
-				w = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "TENANT\tNAMESPACE\tBLOCKS\tSTORED")
-				for _, ns := range st.GetNamespaces() {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", ns.GetTenant(), ns.GetNamespace(), ns.GetBlocks(), humanBytes(ns.GetStoredBytes()))
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				st, err := c.Stats(ctx)
+				if err != nil {
+					return err
 				}
+				if f.asJSON {
+					return printJSON(e.stdout, statsJSON(st))
+				}
+				w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintf(w, "node\t%s\n", st.GetNodeId())
+				fmt.Fprintf(w, "capacity\t%s\n", humanBytes(st.GetCapacityBytes()))
+				fmt.Fprintf(w, "used\t%s (%.1f%%)\n", humanBytes(st.GetUsedBytes()), 100*float64(st.GetUsedBytes())/float64(max(st.GetCapacityBytes(), 1)))
+				fmt.Fprintf(w, "stored\t%s in %d blocks\n", humanBytes(st.GetStoredBytes()), st.GetBlocks())
+				fmt.Fprintf(w, "reservations\t%d (%s)\n", st.GetReservations(), humanBytes(st.GetReservedBytes()))
+				fmt.Fprintf(w, "page\t%s\n", humanBytes(st.GetPageBytes()))
+				fmt.Fprintf(w, "largest free run\t%s\n", humanBytes(st.GetLargestFreeBytes()))
+				fmt.Fprintf(w, "fragmentation\texternal %.3f, internal %.3f\n", st.GetExternalFragmentation(), st.GetInternalFragmentation())
+				fmt.Fprintf(w, "memory locked\t%v\n", st.GetMemoryLocked())
 				w.Flush()
-			}
-			return nil
+				if len(st.GetNamespaces()) > 0 {
+					fmt.Fprintln(e.stdout)
+					w = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(w, "TENANT\tNAMESPACE\tBLOCKS\tSTORED")
+					for _, ns := range st.GetNamespaces() {
+						fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", ns.GetTenant(), ns.GetNamespace(), ns.GetBlocks(), humanBytes(ns.GetStoredBytes()))
+					}
+					w.Flush()
+				}
+				return nil
+			})
 		},
 	}
 	f.register(c, false)

@@ -368,6 +368,25 @@ type meter struct {
 
 func (m *meter) totals() *meter { return m }
 
+// timed runs body once per client, in parallel, for d, and adds the bytes
+// they report through total to m. body stops when deadline has passed.
+func (m *meter) timed(p *Progress, phase string, d time.Duration, clients int, body func(i int, deadline time.Time, total *atomic.Int64) error) error {
+	var total atomic.Int64
+	stop := p.Run(phase, d, &total)
+	defer stop()
+	start := time.Now()
+	deadline := start.Add(d)
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() { errs[i] = body(i, deadline, &total) })
+	}
+	wg.Wait()
+	m.bytes += total.Load()
+	m.elapsed += time.Since(start)
+	return errors.Join(errs...)
+}
+
 func (m *meter) gbps() float64 {
 	if m.elapsed == 0 {
 		return 0
@@ -416,73 +435,61 @@ func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 func (b *tcpBaseline) close() { b.ln.Close() }
 
 func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
-	var total atomic.Int64
-	stop := p.Run("baseline raw tcp", d, &total)
-	defer stop()
 	size := b.cfg.BlockBytes
 	frames := len(b.src) / size
-	start := time.Now()
-	deadline := start.Add(d)
-	var wg sync.WaitGroup
-	errs := make([]error, b.cfg.Clients)
-	for i := range b.cfg.Clients {
-		wg.Go(func() {
-			cli, sc, err := b.pair()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer cli.Close()
-			defer sc.Close()
-			sender, receiver := sc, cli
-			if b.cfg.Op == "put" {
-				sender, receiver = cli, sc
-			}
-			// Mirror the node's memory traffic: a get sends from the arena
-			// into the caller's buffer, a put from the caller's buffer into
-			// the arena. The working-set region plays the arena.
-			one := make([]byte, size)
-			fillValue(one, uint64(i))
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				for f := 0; ; f++ {
-					src := one
-					if b.cfg.Op == "get" {
-						off := (f % frames) * size
-						src = b.src[off : off+size]
-					}
-					if _, err := sender.Write(src); err != nil {
-						return
-					}
-				}
-			}()
-			for f := 0; time.Now().Before(deadline); f++ {
-				dst := one
-				if b.cfg.Op == "put" {
+	return b.timed(p, "baseline raw tcp", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
+		cli, sc, err := b.pair()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		defer sc.Close()
+		sender, receiver := sc, cli
+		if b.cfg.Op == "put" {
+			sender, receiver = cli, sc
+		}
+		// Mirror the node's memory traffic: a get sends from the arena
+		// into the caller's buffer, a put from the caller's buffer into
+		// the arena. The working-set region plays the arena.
+		one := make([]byte, size)
+		fillValue(one, uint64(i))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for f := 0; ; f++ {
+				src := one
+				if b.cfg.Op == "get" {
 					off := (f % frames) * size
-					dst = b.src[off : off+size]
+					src = b.src[off : off+size]
 				}
-				// Read in the same pieces the node and client use
-				// (api.RecvChunkBytes): the fastest way to drain a socket
-				// here, so the baseline is as strong as raw TCP gets.
-				if err := readPieces(receiver, dst); err != nil {
-					if time.Now().Before(deadline) {
-						errs[i] = err
-					}
-					break
+				if _, err := sender.Write(src); err != nil {
+					return
 				}
-				total.Add(int64(size))
 			}
-			receiver.Close()
-			sender.Close()
-			<-done
-		})
-	}
-	wg.Wait()
-	b.bytes += total.Load()
-	b.elapsed += time.Since(start)
-	return errors.Join(errs...)
+		}()
+		var rerr error
+		for f := 0; time.Now().Before(deadline); f++ {
+			dst := one
+			if b.cfg.Op == "put" {
+				off := (f % frames) * size
+				dst = b.src[off : off+size]
+			}
+			// Read in the same pieces the node and client use
+			// (api.RecvChunkBytes): the fastest way to drain a socket
+			// here, so the baseline is as strong as raw TCP gets.
+			if err := readPieces(receiver, dst); err != nil {
+				if time.Now().Before(deadline) {
+					rerr = err
+				}
+				break
+			}
+			total.Add(int64(size))
+		}
+		receiver.Close()
+		sender.Close()
+		<-done
+		return rerr
+	})
 }
 
 // readPieces fills dst from r in reads of at most api.RecvChunkBytes.
@@ -509,61 +516,43 @@ func (b *linkBaseline) name() string { return "link-source-sink" }
 func (b *linkBaseline) close()       {}
 
 func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
-	var total atomic.Int64
-	stop := p.Run("baseline link", d, &total)
-	defer stop()
 	op := wire.OpSource
 	if b.cfg.Op == "put" {
 		op = wire.OpSink
 	}
-	start := time.Now()
-	deadline := start.Add(d)
-	var wg sync.WaitGroup
-	errs := make([]error, b.cfg.Clients)
-	for i := range b.cfg.Clients {
-		wg.Go(func() {
-			c, err := net.Dial("tcp", b.server)
-			if err != nil {
-				errs[i] = err
-				return
+	return b.timed(p, "baseline link", d, b.cfg.Clients, func(_ int, deadline time.Time, total *atomic.Int64) error {
+		c, err := net.Dial("tcp", b.server)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write(wire.Preamble[:]); err != nil {
+			return err
+		}
+		buf := make([]byte, b.cfg.BlockBytes)
+		req := wire.AppendRequest(nil, &wire.Request{Op: op, ValueLen: uint64(b.cfg.BlockBytes)})
+		var resp wire.Response
+		for time.Now().Before(deadline) {
+			if _, err := c.Write(req); err != nil {
+				return err
 			}
-			defer c.Close()
-			if _, err := c.Write(wire.Preamble[:]); err != nil {
-				errs[i] = err
-				return
+			if op == wire.OpSink {
+				if _, err := c.Write(buf); err != nil {
+					return err
+				}
 			}
-			buf := make([]byte, b.cfg.BlockBytes)
-			req := wire.AppendRequest(nil, &wire.Request{Op: op, ValueLen: uint64(b.cfg.BlockBytes)})
-			var resp wire.Response
-			for time.Now().Before(deadline) {
-				if _, err := c.Write(req); err != nil {
-					errs[i] = err
-					return
-				}
-				if op == wire.OpSink {
-					if _, err := c.Write(buf); err != nil {
-						errs[i] = err
-						return
-					}
-				}
-				if err := wire.ReadResponse(c, &resp); err != nil {
-					errs[i] = err
-					return
-				}
-				if op == wire.OpSource {
-					if err := readPieces(c, buf); err != nil {
-						errs[i] = err
-						return
-					}
-				}
-				total.Add(int64(b.cfg.BlockBytes))
+			if err := wire.ReadResponse(c, &resp); err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
-	b.bytes += total.Load()
-	b.elapsed += time.Since(start)
-	return errors.Join(errs...)
+			if op == wire.OpSource {
+				if err := readPieces(c, buf); err != nil {
+					return err
+				}
+			}
+			total.Add(int64(b.cfg.BlockBytes))
+		}
+		return nil
+	})
 }
 
 // memcpyBaseline copies BlockBytes at a time from a region the size of the
@@ -583,27 +572,16 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 		b.src = make([]byte, max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
 		fillValue(b.src, 5)
 	}
-	var total atomic.Int64
-	stop := p.Run("baseline memcpy", d, &total)
-	defer stop()
 	size := b.cfg.BlockBytes
 	frames := len(b.src) / size
-	start := time.Now()
-	deadline := start.Add(d)
-	var wg sync.WaitGroup
-	for i := range b.cfg.Clients {
-		wg.Go(func() {
-			dst := make([]byte, size)
-			rng := rand.New(rand.NewPCG(uint64(i), 9))
-			for time.Now().Before(deadline) {
-				off := rng.IntN(frames) * size
-				copy(dst, b.src[off:off+size])
-				total.Add(int64(size))
-			}
-		})
-	}
-	wg.Wait()
-	b.bytes += total.Load()
-	b.elapsed += time.Since(start)
-	return nil
+	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
+		dst := make([]byte, size)
+		rng := rand.New(rand.NewPCG(uint64(i), 9))
+		for time.Now().Before(deadline) {
+			off := rng.IntN(frames) * size
+			copy(dst, b.src[off:off+size])
+			total.Add(int64(size))
+		}
+		return nil
+	})
 }

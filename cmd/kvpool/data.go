@@ -88,6 +88,16 @@ func (f *clientFlags) blockKey(key string) (api.BlockKey, error) {
 	return api.BlockKey{Tenant: f.tenant, Namespace: f.namespace, Key: k}, nil
 }
 
+// namedKeys checks --tenant and --namespace and parses --keys, or returns
+// a usage error.
+func (f *clientFlags) namedKeys(list []string) ([][]byte, error) {
+	keys, err := f.keys(list)
+	if err = errors.Join(f.checkNames(), err); err != nil {
+		return nil, usageError{error: err}
+	}
+	return keys, nil
+}
+
 // checkNames validates --tenant and --namespace before any network call.
 func (f *clientFlags) checkNames() error {
 	return errors.Join(api.ValidateName("--tenant", f.tenant), api.ValidateName("--namespace", f.namespace))
@@ -237,12 +247,9 @@ func locateCmd(e *env) *cobra.Command {
 		Example: `  kvpool locate --tenant acme --namespace llama3-8b --hex --keys $(kvpool chain --tokens-file prompt.txt --block-tokens 16 --csv)`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkNames(); err != nil {
-				return usageError{error: err}
-			}
-			chain, err := f.keys(keys)
+			chain, err := f.namedKeys(keys)
 			if err != nil {
-				return usageError{error: err}
+				return err
 			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
 				n, err := c.Locate(ctx, f.tenant, f.namespace, chain)
@@ -270,12 +277,9 @@ func existsCmd(e *env) *cobra.Command {
 		Short: "Report for each key whether the node holds it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkNames(); err != nil {
-				return usageError{error: err}
-			}
-			list, err := f.keys(keys)
+			list, err := f.namedKeys(keys)
 			if err != nil {
-				return usageError{error: err}
+				return err
 			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
 				ex, err := c.Exists(ctx, f.tenant, f.namespace, list)

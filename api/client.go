@@ -683,4 +683,3 @@ func HostID() string {
 	}
 	return strings.TrimSpace(string(b))
 }
-

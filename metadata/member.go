@@ -1,0 +1,401 @@
+package metadata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MemberConfig configures a node's membership in etcd.
+type MemberConfig struct {
+	// Client is the etcd client. Required; the caller owns it.
+	Client *clientv3.Client
+	// Prefix roots every key. Default "/kvpool/".
+	Prefix string
+	// Record is the node's record; Epoch is filled in. ID is required.
+	Record NodeRecord
+	// LeaseTTL bounds how long a dead node's records outlive it. Default
+	// 5 s, at least 2 s.
+	LeaseTTL time.Duration
+	// FlushInterval is how long location changes wait to be coalesced into
+	// one batch. Default 5 ms.
+	FlushInterval time.Duration
+	// MaxBatch is the most records in one batch (one etcd key). Default
+	// 4096, about 150 KB with 32-byte keys.
+	MaxBatch int
+	// MaxQueue is how many changes may wait while etcd is unreachable;
+	// past it the queue is dropped and the node's whole set is written as
+	// a snapshot once etcd is back. Default 1M.
+	MaxQueue int
+	// CompactAfter is how many batches the node's log may grow to before
+	// it is replaced by a snapshot of the node's set. Default 512.
+	CompactAfter int
+	// Snapshot lists every block the node holds, for snapshots. Required.
+	// It is called from the member's goroutine and must not block on it.
+	Snapshot func(yield func(tenant, namespace string, key []byte) bool)
+	// Logger receives the member's logs. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *MemberConfig) fill() error {
+	if c.Prefix == "" {
+		c.Prefix = "/kvpool/"
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = 5 * time.Millisecond
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 4096
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 1 << 20
+	}
+	if c.CompactAfter == 0 {
+		c.CompactAfter = 512
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	var errs []error
+	if c.Client == nil {
+		errs = append(errs, errors.New("no etcd client"))
+	}
+	if c.Snapshot == nil {
+		errs = append(errs, errors.New("no snapshot function"))
+	}
+	if err := (&NodeRecord{ID: c.Record.ID, Epoch: 1}).validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LeaseTTL < 2*time.Second {
+		errs = append(errs, fmt.Errorf("lease TTL %v: want at least 2s", c.LeaseTTL))
+	}
+	if c.MaxBatch < 1 || c.MaxQueue < c.MaxBatch || c.CompactAfter < 2 || c.FlushInterval < 0 {
+		errs = append(errs, errors.New("batch limits: want MaxBatch ≥ 1, MaxQueue ≥ MaxBatch, CompactAfter ≥ 2, FlushInterval ≥ 0"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("metadata: invalid member config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Member is a node's presence in etcd: its record on a lease kept alive,
+// and the log of its block locations, written in coalesced batches on the
+// same lease. When the node dies the lease expires and etcd drops it all.
+//
+// Added and Removed queue changes and never block; Run writes them. While
+// etcd is unreachable changes queue (up to MaxQueue, then a snapshot
+// replaces them) and are written within a flush of etcd's return. If the
+// lease is lost, Run takes a new one (a new epoch) and writes the node's
+// whole set again.
+type Member struct {
+	cfg  MemberConfig
+	log  *slog.Logger
+	keys keys
+
+	mu struct {
+		sync.Mutex
+		queue        []Record
+		needSnapshot bool
+		epoch        int64
+	}
+	wake chan struct{}
+
+	// Written only by Run's goroutine.
+	lease   clientv3.LeaseID
+	seq     uint64
+	logLen  int // batches in the current epoch's log since the last snapshot
+	stats   MemberStats
+	statsMu sync.Mutex
+}
+
+// MemberStats counts what a member wrote.
+type MemberStats struct {
+	Batches, Records, Snapshots, Failures uint64
+	Epoch                                int64
+	Queued                               int
+}
+
+// NewMember validates cfg. It starts nothing.
+func NewMember(cfg MemberConfig) (*Member, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "metadata", "node", cfg.Record.ID), keys: keys{cfg.Prefix}, wake: make(chan struct{}, 1)}
+	return m, nil
+}
+
+// Added queues "this node holds (tenant, namespace, key)".
+func (m *Member) Added(tenant, namespace, key []byte) { m.enqueue(OpAdd, tenant, namespace, key) }
+
+// Removed queues "this node no longer holds (tenant, namespace, key)".
+func (m *Member) Removed(tenant, namespace, key []byte) { m.enqueue(OpRemove, tenant, namespace, key) }
+
+func (m *Member) enqueue(op Op, tenant, namespace, key []byte) {
+	m.mu.Lock()
+	if !m.mu.needSnapshot {
+		if len(m.mu.queue) >= m.cfg.MaxQueue {
+			m.mu.queue, m.mu.needSnapshot = nil, true
+		} else {
+			m.mu.queue = append(m.mu.queue, Record{Op: op, Tenant: string(tenant), Namespace: string(namespace), Key: string(key)})
+		}
+	}
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Epoch returns the current lease id, 0 before the first registration.
+func (m *Member) Epoch() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.epoch
+}
+
+// Stats returns what the member has written so far.
+func (m *Member) Stats() MemberStats {
+	m.statsMu.Lock()
+	st := m.stats
+	m.statsMu.Unlock()
+	m.mu.Lock()
+	st.Queued, st.Epoch = len(m.mu.queue), m.mu.epoch
+	m.mu.Unlock()
+	return st
+}
+
+// Run registers the node and writes location batches until ctx is done.
+// On a clean stop it revokes the lease, so the node's records leave etcd
+// at once. It retries etcd failures forever; it returns nil when ctx ends.
+func (m *Member) Run(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := m.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		m.count(func(s *MemberStats) { s.Failures++ })
+		m.log.Warn("etcd session ended; retrying", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	if m.lease != 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := m.cfg.Client.Revoke(rctx, m.lease)
+		cancel()
+		if err != nil {
+			m.log.Warn("could not revoke the lease; records expire with it", "err", err)
+		}
+	}
+	return nil
+}
+
+func (m *Member) count(f func(*MemberStats)) {
+	m.statsMu.Lock()
+	f(&m.stats)
+	m.statsMu.Unlock()
+}
+
+// session holds one lease: it registers, keeps the lease alive and flushes
+// batches until the lease is lost or ctx ends.
+func (m *Member) session(ctx context.Context) error {
+	if m.lease == 0 {
+		if err := m.register(ctx); err != nil {
+			return err
+		}
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	alive, err := m.cfg.Client.KeepAlive(kctx, m.lease)
+	if err != nil {
+		m.lease = 0
+		return fmt.Errorf("keepalive: %w", err)
+	}
+	tick := time.NewTicker(max(m.cfg.FlushInterval, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-alive:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				// The lease is gone (expired while we could not reach
+				// etcd) or keepalives stopped: start a new epoch.
+				m.lease = 0
+				return errors.New("lease lost")
+			}
+		case <-m.wake:
+			// Coalesce: changes arriving within FlushInterval share a batch.
+			if m.cfg.FlushInterval > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(m.cfg.FlushInterval):
+				}
+			}
+			if err := m.flush(ctx); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if err := m.flush(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// register takes a new lease (a new epoch), writes the node record on it
+// and schedules a snapshot: mirrors forget earlier epochs.
+func (m *Member) register(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
+	defer cancel()
+	g, err := m.cfg.Client.Grant(lctx, int64((m.cfg.LeaseTTL+time.Second-1)/time.Second))
+	if err != nil {
+		return fmt.Errorf("grant lease: %w", err)
+	}
+	rec := m.cfg.Record
+	rec.Epoch = int64(g.ID)
+	rec.StartedUnix = m.cfg.Now().Unix()
+	b, _ := jsonMarshal(rec)
+	// Earlier epochs of this node (a restart with the same id) are gone
+	// from etcd's point of view once their lease expires; delete them now
+	// so a restarted node is clean at once.
+	_, err = m.cfg.Client.Txn(lctx).Then(
+		clientv3.OpDelete(m.keys.nodeLocs(rec.ID), clientv3.WithPrefix()),
+		clientv3.OpPut(m.keys.node(rec.ID), string(b), clientv3.WithLease(g.ID)),
+	).Commit()
+	if err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	m.lease, m.seq, m.logLen = g.ID, 0, 0
+	m.mu.Lock()
+	m.mu.epoch = int64(g.ID)
+	m.mu.queue, m.mu.needSnapshot = nil, true
+	m.mu.Unlock()
+	m.log.Info("registered", "epoch", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.cfg.LeaseTTL)
+	return m.flush(ctx)
+}
+
+// flush writes queued changes, and a snapshot when one is due: a reset
+// after a new epoch or a dropped queue, or a compaction when the log grew
+// past CompactAfter batches.
+func (m *Member) flush(ctx context.Context) error {
+	m.mu.Lock()
+	reset := m.mu.needSnapshot
+	if reset {
+		m.mu.queue, m.mu.needSnapshot = nil, false
+	}
+	m.mu.Unlock()
+	if reset {
+		if err := m.writeSnapshot(ctx, true); err != nil {
+			m.mu.Lock()
+			m.mu.needSnapshot = true
+			m.mu.Unlock()
+			return err
+		}
+		return nil
+	}
+	// Full batches go out now; a partial one only when it is the first (a
+	// flush interval has passed) or a compaction follows.
+	for first := true; ; first = false {
+		m.mu.Lock()
+		n := min(len(m.mu.queue), m.cfg.MaxBatch)
+		if n < m.cfg.MaxBatch && !first && m.logLen < m.cfg.CompactAfter {
+			n = 0
+		}
+		batch := m.mu.queue[:n:n]
+		m.mu.queue = m.mu.queue[n:]
+		more := len(m.mu.queue) > 0
+		m.mu.Unlock()
+		if n == 0 {
+			if more {
+				select {
+				case m.wake <- struct{}{}:
+				default:
+				}
+			}
+			break
+		}
+		if err := m.put(ctx, &Batch{Records: batch}); err != nil {
+			m.requeue(batch)
+			return err
+		}
+		m.logLen++
+		m.count(func(s *MemberStats) { s.Batches++; s.Records += uint64(len(batch)) })
+	}
+	if m.logLen >= m.cfg.CompactAfter {
+		return m.writeSnapshot(ctx, false)
+	}
+	return nil
+}
+
+// requeue puts an unwritten batch back in front of the queue.
+func (m *Member) requeue(batch []Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mu.needSnapshot {
+		return
+	}
+	m.mu.queue = append(append(make([]Record, 0, len(batch)+len(m.mu.queue)), batch...), m.mu.queue...)
+}
+
+func (m *Member) put(ctx context.Context, b *Batch) error {
+	b.UnixNano = m.cfg.Now().UnixNano()
+	key := m.keys.loc(m.cfg.Record.ID, int64(m.lease), m.seq)
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
+	defer cancel()
+	if _, err := m.cfg.Client.Put(pctx, key, string(AppendBatch(nil, b)), clientv3.WithLease(m.lease)); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	m.seq++
+	return nil
+}
+
+// writeSnapshot writes the node's whole set as consecutive snapshot parts,
+// then deletes the log before them.
+func (m *Member) writeSnapshot(ctx context.Context, reset bool) error {
+	var all []Record
+	m.cfg.Snapshot(func(tenant, namespace string, key []byte) bool {
+		all = append(all, Record{Op: OpAdd, Tenant: tenant, Namespace: namespace, Key: string(key)})
+		return true
+	})
+	first := m.seq
+	parts := max((len(all)+m.cfg.MaxBatch-1)/m.cfg.MaxBatch, 1)
+	for p := range parts {
+		recs := all[min(p*m.cfg.MaxBatch, len(all)):min((p+1)*m.cfg.MaxBatch, len(all))]
+		if err := m.put(ctx, &Batch{Snapshot: true, Reset: reset, Part: uint32(p), Parts: uint32(parts), Records: recs}); err != nil {
+			return err
+		}
+	}
+	if first > 0 {
+		dctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
+		defer cancel()
+		from := m.keys.loc(m.cfg.Record.ID, int64(m.lease), 0)
+		to := m.keys.loc(m.cfg.Record.ID, int64(m.lease), first)
+		if _, err := m.cfg.Client.Delete(dctx, from, clientv3.WithRange(to)); err != nil {
+			return fmt.Errorf("delete compacted log: %w", err)
+		}
+	}
+	m.logLen = 0
+	m.count(func(s *MemberStats) { s.Snapshots++; s.Records += uint64(len(all)) })
+	return nil
+}

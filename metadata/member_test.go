@@ -1,0 +1,205 @@
+package metadata
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func startEtcd(t testing.TB) *Embedded {
+	t.Helper()
+	e, err := StartEmbedded(EmbedConfig{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func newClient(t testing.TB, url string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// fakeStore is the set of blocks a test node holds.
+type fakeStore struct {
+	mu     sync.Mutex
+	blocks map[[3]string]bool
+}
+
+func (f *fakeStore) add(m *Member, t, ns, k string) {
+	f.mu.Lock()
+	f.blocks[[3]string{t, ns, k}] = true
+	f.mu.Unlock()
+	m.Added([]byte(t), []byte(ns), []byte(k))
+}
+
+func (f *fakeStore) remove(m *Member, t, ns, k string) {
+	f.mu.Lock()
+	delete(f.blocks, [3]string{t, ns, k})
+	f.mu.Unlock()
+	m.Removed([]byte(t), []byte(ns), []byte(k))
+}
+
+func (f *fakeStore) snapshot(yield func(tenant, namespace string, key []byte) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for b := range f.blocks {
+		if !yield(b[0], b[1], []byte(b[2])) {
+			return
+		}
+	}
+}
+
+type testMember struct {
+	*Member
+	store  *fakeStore
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startMember(t testing.TB, cli *clientv3.Client, id string, mutate ...func(*MemberConfig)) *testMember {
+	t.Helper()
+	fs := &fakeStore{blocks: map[[3]string]bool{}}
+	cfg := MemberConfig{Client: cli, Record: NodeRecord{ID: id, Addrs: map[string]string{"grpc": "127.0.0.1:1"}}, LeaseTTL: 2 * time.Second, Snapshot: fs.snapshot}
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	m, err := NewMember(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tm := &testMember{Member: m, store: fs, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(tm.done); m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-tm.done })
+	waitUntil(t, "registration", func() bool { return m.Epoch() != 0 })
+	return tm
+}
+
+func startMirror(t testing.TB, cli *clientv3.Client, mutate ...func(*MirrorConfig)) *Mirror {
+	t.Helper()
+	cfg := MirrorConfig{Client: cli}
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	mm, err := NewMirror(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); mm.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-mm.Ready()
+	return mm
+}
+
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// converged waits until the mirror holds exactly what etcd holds and what
+// the members' stores hold.
+func converged(t testing.TB, cli *clientv3.Client, mm *Mirror, members ...*testMember) {
+	t.Helper()
+	var want []string
+	for _, m := range members {
+		m.store.mu.Lock()
+		for b := range m.store.blocks {
+			want = append(want, fmt.Sprintf("%s %s/%s/%x", m.cfg.Record.ID, b[0], b[1], b[2]))
+		}
+		m.store.mu.Unlock()
+	}
+	slices.Sort(want)
+	var got, inEtcd []string
+	ok := func() bool {
+		var err error
+		inEtcd, _, err = ReadContent(context.Background(), cli, "/kvpool/")
+		if err != nil {
+			return false
+		}
+		got = mm.Content()
+		return slices.Equal(got, want) && slices.Equal(inEtcd, want)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("mirror did not converge:\nmirror %d records, etcd %d, stores %d\nmirror: %.10v\netcd:   %.10v\nwant:   %.10v", len(got), len(inEtcd), len(want), got, inEtcd, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestMemberPublishesAndMirrorFollows(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	a := startMember(t, cli, "node-a")
+	b := startMember(t, cli, "node-b")
+	mm := startMirror(t, newClient(t, e.ClientURL()))
+	for i := range 1000 {
+		a.store.add(a.Member, "acme", "llama", fmt.Sprintf("k%04d", i))
+		if i < 500 {
+			b.store.add(b.Member, "acme", "llama", fmt.Sprintf("k%04d", i))
+		}
+	}
+	for i := 900; i < 1000; i++ {
+		a.store.remove(a.Member, "acme", "llama", fmt.Sprintf("k%04d", i))
+	}
+	converged(t, cli, mm, a, b)
+	chain := [][]byte{}
+	for i := range 950 {
+		chain = append(chain, []byte(fmt.Sprintf("k%04d", i)))
+	}
+	res := mm.Locate("acme", "llama", chain)
+	if res.Deepest != 900 || !slices.Equal(res.DeepestNodes, []string{"node-a"}) || res.PoolPrefix != 900 {
+		t.Fatalf("locate: %+v", res)
+	}
+	if len(res.Nodes) != 2 || res.Nodes[1] != (NodePrefix{Node: "node-b", Blocks: 500}) {
+		t.Fatalf("per node: %+v", res.Nodes)
+	}
+	// A mirror started now loads the same state from etcd.
+	late := startMirror(t, newClient(t, e.ClientURL()))
+	converged(t, cli, late, a, b)
+}
+
+func TestSnapshotCompactsTheLog(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	mm := startMirror(t, cli)
+	a := startMember(t, cli, "node-a", func(c *MemberConfig) { c.MaxBatch = 10; c.CompactAfter = 5; c.FlushInterval = 0 })
+	for i := range 300 {
+		a.store.add(a.Member, "t", "n", fmt.Sprintf("k%d", i))
+		if i%3 == 0 {
+			a.store.remove(a.Member, "t", "n", fmt.Sprintf("k%d", i/2))
+		}
+	}
+	converged(t, cli, mm, a)
+	waitUntil(t, "a snapshot", func() bool { return a.Stats().Snapshots >= 2 })
+	resp, err := cli.Get(context.Background(), "/kvpool/loc/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count > 5+30 {
+		t.Fatalf("%d location keys after compaction; the log was not compacted", resp.Count)
+	}
+	late := startMirror(t, newClient(t, e.ClientURL()))
+	converged(t, cli, late, a)
+}

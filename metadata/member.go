@@ -124,8 +124,8 @@ type Member struct {
 // MemberStats counts what a member wrote.
 type MemberStats struct {
 	Batches, Records, Snapshots, Failures uint64
-	Epoch                                int64
-	Queued                               int
+	Epoch                                 int64
+	Queued                                int
 }
 
 // NewMember validates cfg. It starts nothing.

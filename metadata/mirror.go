@@ -262,8 +262,8 @@ func (m *Mirror) Blocks(node string, limit int) []Record {
 
 // MirrorStats counts what the mirror did.
 type MirrorStats struct {
-	Nodes, Blocks            int
-	Revision                 int64
+	Nodes, Blocks               int
+	Revision                    int64
 	Applied, Malformed, Reloads uint64
 }
 

@@ -265,12 +265,12 @@ func (d *decoder) str(limit int) string {
 // keys builds and parses our etcd keys.
 type keys struct{ prefix string }
 
-func (k keys) node(id string) string        { return k.prefix + "nodes/" + id }
-func (k keys) nodes() string                { return k.prefix + "nodes/" }
-func (k keys) locs() string                 { return k.prefix + "loc/" }
-func (k keys) nodeLocs(id string) string    { return k.prefix + "loc/" + id + "/" }
-func (k keys) policy(tenant string) string  { return k.prefix + "policies/" + tenant }
-func (k keys) policies() string             { return k.prefix + "policies/" }
+func (k keys) node(id string) string       { return k.prefix + "nodes/" + id }
+func (k keys) nodes() string               { return k.prefix + "nodes/" }
+func (k keys) locs() string                { return k.prefix + "loc/" }
+func (k keys) nodeLocs(id string) string   { return k.prefix + "loc/" + id + "/" }
+func (k keys) policy(tenant string) string { return k.prefix + "policies/" + tenant }
+func (k keys) policies() string            { return k.prefix + "policies/" }
 func (k keys) epochLocs(id string, epoch int64) string {
 	return k.nodeLocs(id) + strconv.FormatInt(epoch, 16) + "/"
 }

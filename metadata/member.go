@@ -149,7 +149,7 @@ func (m *Member) enqueue(op Op, tenant, namespace, key []byte) {
 		if len(m.mu.queue) >= m.cfg.MaxQueue {
 			m.mu.queue, m.mu.needSnapshot = nil, true
 		} else {
-			m.mu.queue = append(m.mu.queue, Record{Op: op, Tenant: string(tenant), Namespace: string(namespace), Key: string(key)})
+			m.mu.queue = append(m.mu.queue, Record{Op: op, Tenant: string(tenant), Namespace: string(namespace), Key: string(key), queuedNano: m.cfg.Now().UnixNano()})
 		}
 	}
 	m.mu.Unlock()
@@ -360,6 +360,9 @@ func (m *Member) requeue(batch []Record) {
 
 func (m *Member) put(ctx context.Context, b *Batch) error {
 	b.UnixNano = m.cfg.Now().UnixNano()
+	if len(b.Records) > 0 && b.Records[0].queuedNano != 0 {
+		b.UnixNano = b.Records[0].queuedNano
+	}
 	key := m.keys.loc(m.cfg.Record.ID, int64(m.lease), m.seq)
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
 	defer cancel()

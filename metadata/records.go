@@ -87,6 +87,10 @@ type Record struct {
 	Tenant    string
 	Namespace string
 	Key       string // raw key bytes
+	// queuedNano is when the node queued the change; not encoded. A
+	// batch's UnixNano is its oldest record's, so mirror lag counts the
+	// wait in the queue too.
+	queuedNano int64
 }
 
 // Batch is what one loc key holds. A snapshot is written as Parts batches
@@ -100,8 +104,8 @@ type Batch struct {
 	Reset    bool
 	Part     uint32
 	Parts    uint32
-	// UnixNano is when the node wrote the batch; mirrors measure their lag
-	// from it.
+	// UnixNano is when the node queued the batch's oldest change (or wrote
+	// a snapshot); mirrors measure their lag from it.
 	UnixNano int64
 	Records  []Record
 }

@@ -203,3 +203,53 @@ func TestSnapshotCompactsTheLog(t *testing.T) {
 	late := startMirror(t, newClient(t, e.ClientURL()))
 	converged(t, cli, late, a)
 }
+
+func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
+	var gs []*Gossip
+	var cancels []context.CancelFunc
+	var dones []chan struct{}
+	for i := range 3 {
+		id := fmt.Sprintf("g%d", i)
+		load := Load{CapacityBytes: 1000, UsedBytes: int64(100 * i), QueueSeconds: float64(i) / 10}
+		var seeds func() []string
+		if i > 0 {
+			first := gs[0].Addr()
+			seeds = func() []string { return []string{first} }
+		}
+		g, err := NewGossip(GossipConfig{NodeID: id, Seeds: seeds, Load: func() Load { return load }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.Run(ctx) }()
+		gs, cancels, dones = append(gs, g), append(cancels, cancel), append(dones, done)
+	}
+	defer func() {
+		for i := range gs {
+			cancels[i]()
+			<-dones[i]
+		}
+	}()
+	waitUntil(t, "three alive members with their load", func() bool {
+		n := 0
+		for _, p := range gs[0].Peers() {
+			if p.State == "alive" && p.Load.CapacityBytes == 1000 {
+				n++
+			}
+		}
+		return n == 3
+	})
+	// Kill g2 without leaving: shut its memberlist down hard.
+	start := time.Now()
+	gs[2].crash()
+	waitUntil(t, "g0 to declare g2 dead", func() bool { return gs[0].Dead("g2") })
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("failure detection took %v, want under 2 s", el)
+	} else {
+		t.Logf("g2 declared dead after %v", el)
+	}
+	if gs[0].Dead("g1") || gs[0].Dead("never-seen") {
+		t.Fatal("live or unknown nodes reported dead")
+	}
+}

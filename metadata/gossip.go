@@ -1,0 +1,303 @@
+package metadata
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Load is what a node gossips about itself: its free space, and the queue
+// time and prefill speed its local engine reported (ReportLoad).
+type Load struct {
+	CapacityBytes int64 `json:"cap"`
+	UsedBytes     int64 `json:"used"`
+	Blocks        int64 `json:"blocks"`
+	// QueueSeconds is how long a new request would wait in the engine.
+	QueueSeconds float64 `json:"queue_s"`
+	// PrefillTokensPerSecond is the engine's current prefill speed.
+	PrefillTokensPerSecond float64 `json:"prefill_tps"`
+	// EngineReportUnix is when the engine last reported, 0 if never.
+	EngineReportUnix int64 `json:"engine_at,omitempty"`
+}
+
+// FreeBytes is capacity minus used.
+func (l Load) FreeBytes() int64 { return l.CapacityBytes - l.UsedBytes }
+
+// Peer is a node as gossip sees it.
+type Peer struct {
+	ID    string
+	Addr  string
+	State string // alive, suspect, dead, left
+	Load  Load
+}
+
+// GossipConfig configures failure detection and load dissemination.
+type GossipConfig struct {
+	// NodeID is this node's name in gossip. Required.
+	NodeID string
+	// BindAddr is host:port for gossip (UDP and TCP); port 0 picks one.
+	// Default 127.0.0.1:0.
+	BindAddr string
+	// ProbeInterval is how often a random peer is probed. A dead peer is
+	// declared after about ProbeInterval × (2 + SuspicionMult·log10(N+1)).
+	// Default 200 ms.
+	ProbeInterval time.Duration
+	// Seeds returns addresses to join; it is called every second until
+	// every seed is a member. Typically the gossip addresses of the node
+	// records in etcd.
+	Seeds func() []string
+	// Load returns this node's load to gossip; called every second and
+	// after Refresh.
+	Load func() Load
+	// Logger receives gossip's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Gossip runs memberlist among daemons: fast failure detection (well under
+// an etcd lease TTL) and the dissemination of every node's Load.
+type Gossip struct {
+	cfg  GossipConfig
+	log  *slog.Logger
+	ml   *memberlist.Memberlist
+	meta chan struct{}
+	addr string
+	// crashed is set by crash (tests): Run must not leave or shut down.
+	crashed atomic.Bool
+
+	mu    sync.Mutex
+	state map[string]string // id -> alive/suspect/dead/left, as last seen
+	load  []byte            // our encoded Load
+}
+
+// NewGossip binds the gossip port. Run joins and serves it.
+func NewGossip(cfg GossipConfig) (*Gossip, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("metadata: gossip needs a node id")
+	}
+	if cfg.BindAddr == "" {
+		cfg.BindAddr = "127.0.0.1:0"
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 200 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	host, portStr, err := net.SplitHostPort(cfg.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: gossip address %q: %w", cfg.BindAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: gossip port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		// memberlist needs the same port for UDP and TCP: find one free for
+		// both.
+		if port, err = freeUDPTCPPort(host); err != nil {
+			return nil, err
+		}
+	}
+	g := &Gossip{cfg: cfg, log: cfg.Logger.With("component", "gossip"), state: map[string]string{}, meta: make(chan struct{}, 1),
+		addr: net.JoinHostPort(host, strconv.Itoa(port))}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.NodeID
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	mc.ProbeInterval = cfg.ProbeInterval
+	mc.ProbeTimeout = cfg.ProbeInterval / 2
+	mc.SuspicionMult = 2
+	mc.GossipInterval = cfg.ProbeInterval / 2
+	mc.PushPullInterval = 10 * cfg.ProbeInterval
+	mc.TCPTimeout = 2 * time.Second
+	mc.LogOutput = io.Discard
+	mc.Delegate = g
+	mc.Events = g
+	if g.ml, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("metadata: gossip on %s: %w", cfg.BindAddr, err)
+	}
+	return g, nil
+}
+
+func freeUDPTCPPort(host string) (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("metadata: no port free for both UDP and TCP gossip")
+}
+
+// Addr is the gossip address others join.
+func (g *Gossip) Addr() string { return g.addr }
+
+// Run joins seeds, refreshes this node's load every second, and leaves the
+// cluster when ctx ends.
+func (g *Gossip) Run(ctx context.Context) error {
+	defer func() {
+		if !g.crashed.Load() {
+			g.ml.Leave(time.Second)
+			g.ml.Shutdown()
+		}
+	}()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		g.publishLoad()
+		g.join()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-g.meta:
+		}
+	}
+}
+
+// Refresh republishes this node's load now (after an engine report).
+func (g *Gossip) Refresh() {
+	select {
+	case g.meta <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Gossip) publishLoad() {
+	if g.cfg.Load == nil {
+		return
+	}
+	b, _ := json.Marshal(g.cfg.Load())
+	g.mu.Lock()
+	changed := string(b) != string(g.load)
+	g.load = b
+	g.mu.Unlock()
+	if changed {
+		if err := g.ml.UpdateNode(time.Second); err != nil {
+			g.log.Debug("gossip load update", "err", err)
+		}
+	}
+}
+
+func (g *Gossip) join() {
+	if g.cfg.Seeds == nil {
+		return
+	}
+	members := map[string]bool{}
+	for _, m := range g.ml.Members() {
+		members[m.Address()] = true
+	}
+	var todo []string
+	for _, s := range g.cfg.Seeds() {
+		if s != "" && s != g.Addr() && !members[s] {
+			todo = append(todo, s)
+		}
+	}
+	if len(todo) > 0 {
+		if _, err := g.ml.Join(todo); err != nil {
+			g.log.Debug("gossip join", "seeds", todo, "err", err)
+		}
+	}
+}
+
+// Dead reports whether gossip has declared node dead (or seen it leave).
+// A node gossip has never seen is not dead.
+func (g *Gossip) Dead(node string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.state[node]
+	return s == "dead" || s == "left"
+}
+
+// Peers lists every node gossip knows, with its state and load.
+//
+// NB: memberlist calls our event methods with its own locks held, so g.mu
+// is never held while calling into memberlist.
+func (g *Gossip) Peers() []Peer {
+	members := g.ml.Members()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []Peer
+	seen := map[string]bool{}
+	for _, n := range members {
+		p := Peer{ID: n.Name, Addr: n.Address(), State: g.state[n.Name]}
+		if n.Name == g.cfg.NodeID || p.State == "" {
+			p.State = "alive"
+		}
+		json.Unmarshal(n.Meta, &p.Load)
+		out = append(out, p)
+		seen[n.Name] = true
+	}
+	for id, s := range g.state {
+		if !seen[id] {
+			out = append(out, Peer{ID: id, State: s})
+		}
+	}
+	return out
+}
+
+// NodeMeta implements memberlist.Delegate: our encoded Load.
+func (g *Gossip) NodeMeta(limit int) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.load) > limit {
+		return nil
+	}
+	return g.load
+}
+
+// NotifyMsg implements memberlist.Delegate; we send no user messages.
+func (g *Gossip) NotifyMsg([]byte) {}
+
+// GetBroadcasts implements memberlist.Delegate.
+func (g *Gossip) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+// LocalState implements memberlist.Delegate.
+func (g *Gossip) LocalState(join bool) []byte { return nil }
+
+// MergeRemoteState implements memberlist.Delegate.
+func (g *Gossip) MergeRemoteState(buf []byte, join bool) {}
+
+// NotifyJoin implements memberlist.EventDelegate.
+func (g *Gossip) NotifyJoin(n *memberlist.Node) { g.setState(n.Name, "alive") }
+
+// NotifyLeave implements memberlist.EventDelegate: a node left or was
+// declared dead. (memberlist does not update the Node's State field before
+// this call, so the event itself is the news.)
+func (g *Gossip) NotifyLeave(n *memberlist.Node) { g.setState(n.Name, "dead") }
+
+// NotifyUpdate implements memberlist.EventDelegate.
+func (g *Gossip) NotifyUpdate(n *memberlist.Node) { g.setState(n.Name, "alive") }
+
+func (g *Gossip) setState(name, s string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state[name] != s && name != g.cfg.NodeID {
+		g.log.Info("gossip peer state", "peer", name, "state", s)
+	}
+	g.state[name] = s
+}
+
+// crash stops gossip without a goodbye, as a killed process would. Tests
+// call it before cancelling Run.
+func (g *Gossip) crash() {
+	g.crashed.Store(true)
+	g.ml.Shutdown()
+}

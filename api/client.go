@@ -164,6 +164,10 @@ func (c *Client) Info() *kvpoolv1.InfoResponse { return c.info }
 // this package does not wrap.
 func (c *Client) RPC() kvpoolv1.KVPoolServiceClient { return c.rpc }
 
+// Conn returns the client's gRPC connection, for other services of the
+// node (kvpoolv1.NewAdminServiceClient).
+func (c *Client) Conn() *grpc.ClientConn { return c.cc }
+
 // Close releases the client's connections and its shared-memory mapping.
 // Views and reservations still open become invalid.
 func (c *Client) Close() error {

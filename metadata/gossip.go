@@ -73,6 +73,7 @@ type Gossip struct {
 	addr string
 	// crashed is set by crash (tests): Run must not leave or shut down.
 	crashed atomic.Bool
+	stop    sync.Once
 
 	mu    sync.Mutex
 	state map[string]string // id -> alive/suspect/dead/left, as last seen
@@ -152,12 +153,7 @@ func (g *Gossip) Addr() string { return g.addr }
 // Run joins seeds, refreshes this node's load every second, and leaves the
 // cluster when ctx ends.
 func (g *Gossip) Run(ctx context.Context) error {
-	defer func() {
-		if !g.crashed.Load() {
-			g.ml.Leave(time.Second)
-			g.ml.Shutdown()
-		}
-	}()
+	defer g.Shutdown()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -295,9 +291,21 @@ func (g *Gossip) setState(name, s string) {
 	g.state[name] = s
 }
 
-// crash stops gossip without a goodbye, as a killed process would. Tests
-// call it before cancelling Run.
-func (g *Gossip) crash() {
+// Shutdown leaves the cluster politely and stops gossip. It is idempotent
+// and safe without Run.
+func (g *Gossip) Shutdown() {
+	g.stop.Do(func() {
+		if !g.crashed.Load() {
+			g.ml.Leave(time.Second)
+			g.ml.Shutdown()
+		}
+	})
+}
+
+// Crash stops gossip without a goodbye, as a killed process would: peers
+// must detect the death. For fault-injection tests; call it before
+// cancelling Run.
+func (g *Gossip) Crash() {
 	g.crashed.Store(true)
 	g.ml.Shutdown()
 }

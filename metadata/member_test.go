@@ -242,7 +242,7 @@ func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 	})
 	// Kill g2 without leaving: shut its memberlist down hard.
 	start := time.Now()
-	gs[2].crash()
+	gs[2].Crash()
 	waitUntil(t, "g0 to declare g2 dead", func() bool { return gs[0].Dead("g2") })
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("failure detection took %v, want under 2 s", el)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
 )
@@ -65,6 +66,28 @@ type Config struct {
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.
 	GetChunkBytes int
+
+	// Etcd, when set, makes the node a cluster member: it registers in
+	// etcd on a lease, publishes where its blocks are, mirrors where
+	// everyone's are, and gossips liveness and load. The caller owns the
+	// client. nil runs a standalone node.
+	Etcd *clientv3.Client
+	// MetadataPrefix roots the cluster's etcd keys. Default "/kvpool/".
+	MetadataPrefix string
+	// LeaseTTL is the lease of the node's etcd records: how long they
+	// outlive a node that dies. Default 5 s.
+	LeaseTTL time.Duration
+	// GossipAddr is host:port for gossip (UDP and TCP). Default: the
+	// listen host, a free port.
+	GossipAddr string
+	// GossipProbeInterval sets gossip's failure detection; a dead node is
+	// noticed after about 5 intervals. Default 200 ms.
+	GossipProbeInterval time.Duration
+	// AdvertiseAddr is the address other nodes and clients reach this node
+	// at. Default: the bound listen address.
+	AdvertiseAddr string
+	// Zone is a free-form failure domain shown to operators.
+	Zone string
 
 	// Version is reported by Info. Default "dev".
 	Version string
@@ -137,6 +160,15 @@ func (c *Config) fillDefaults() {
 	if c.GetChunkBytes == 0 {
 		c.GetChunkBytes = 1 << 20
 	}
+	if c.MetadataPrefix == "" {
+		c.MetadataPrefix = "/kvpool/"
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.GossipProbeInterval == 0 {
+		c.GossipProbeInterval = 200 * time.Millisecond
+	}
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -193,6 +225,14 @@ func (c *Config) validate() error {
 	}
 	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
 		bad("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)
+	}
+	if c.Etcd != nil && c.LeaseTTL < 2*time.Second {
+		bad("lease TTL %v: want at least 2s", c.LeaseTTL)
+	}
+	if c.Zone != "" {
+		if err := api.ValidateName("zone", c.Zone); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if !c.DisableShm && len(c.ShmSocket) > 107 {
 		bad("shm socket path %q is longer than the 107 bytes a unix socket allows", c.ShmSocket)

@@ -21,6 +21,7 @@ type metrics struct {
 	bytesSent     prometheus.Counter
 	bytesReceived prometheus.Counter
 	reclaimed     prometheus.Counter
+	mirrorLag     prometheus.Histogram
 }
 
 func newMetrics(n *Node) (*metrics, error) {
@@ -41,8 +42,13 @@ func newMetrics(n *Node) (*metrics, error) {
 			Name: "kvpool_pool_reservations_reclaimed_total",
 			Help: "Reservations reclaimed because they were not committed in time.",
 		}),
+		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvpool_metadata_mirror_lag_seconds",
+			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, &storeCollector{n.store}} {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, &storeCollector{n.store}} {
 		if err := n.cfg.Registerer.Register(c); err != nil {
 			return nil, err
 		}

@@ -28,7 +28,8 @@ import (
 // Node is one kvpool daemon: a Store and the servers in front of it.
 //
 // New opens the segment and binds every listener, so Addr is known at once
-// and a busy port fails early; it starts no goroutines. Run serves until
+// and a busy port fails early; it starts no goroutines of its own (gossip's
+// library starts its listeners when bound; Close stops them). Run serves until
 // its context ends, then shuts down in order: stop accepting, let gRPC
 // calls finish (GracefulStop, then Stop after ShutdownGrace), close data
 // connections, and wait for every goroutine it started. Close releases the
@@ -41,6 +42,7 @@ type Node struct {
 	store    *Store
 	metrics  *metrics
 	hostID   string
+	cluster  *cluster // nil for a standalone node
 
 	tcpLis  net.Listener
 	shmLis  *net.UnixListener
@@ -102,7 +104,16 @@ func New(cfg Config) (*Node, error) {
 		grpc.ChainUnaryInterceptor(n.metrics.unaryInterceptor),
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
 	)
+	if cfg.Etcd != nil {
+		if n.cluster, err = newCluster(n); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		if err := cfg.Registerer.Register(&clusterCollector{n.cluster}); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+	}
 	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, &grpcService{n: n})
+	kvpoolv1.RegisterAdminServiceServer(n.grpcSrv, &adminService{n: n})
 	n.health = health.NewServer()
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
@@ -184,7 +195,7 @@ func (n *Node) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var g sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 8)
 	start := func(name string, f func() error) {
 		g.Go(func() {
 			if err := f(); err != nil {
@@ -214,6 +225,9 @@ func (n *Node) Run(ctx context.Context) error {
 		start("shm accept loop", func() error { return n.acceptShm(ctx) })
 	}
 	start("reservation sweeper", func() error { n.sweep(ctx); return nil })
+	if n.cluster != nil {
+		n.cluster.run(ctx, start)
+	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(kvpoolv1.KVPoolService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	close(n.ready)
@@ -281,6 +295,9 @@ func (n *Node) Close() error {
 		}
 		if n.shmLis != nil {
 			n.shmLis.Close()
+		}
+		if n.cluster != nil {
+			n.cluster.gossip.Shutdown()
 		}
 		if n.seg != nil {
 			n.closeErr = n.seg.close()

@@ -41,6 +41,9 @@ type Store struct {
 	maxNS     int
 	resTTL    time.Duration
 	now       func() time.Time
+	// sink hears of every block committed and removed, after the fact and
+	// outside mu; nil for a standalone node. Set before use.
+	sink LocationSink
 
 	mu struct {
 		sync.Mutex
@@ -55,6 +58,14 @@ type Store struct {
 		reservedPages uint64
 		scratch       []byte
 	}
+}
+
+// LocationSink hears where blocks are: the cluster membership publishes
+// them. Calls come after the change, never under the store's lock, and
+// MUST NOT block.
+type LocationSink interface {
+	Added(tenant, namespace, key []byte)
+	Removed(tenant, namespace, key []byte)
 }
 
 // namespaceTable interns (tenant, namespace) pairs into small ids and keeps
@@ -332,6 +343,9 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	ni.blocks++
 	ni.storedBytes += uint64(r.size)
 	s.mu.Unlock()
+	if s.sink != nil {
+		s.sink.Added([]byte(ni.tenant), []byte(ni.namespace), r.key)
+	}
 	return CommitResult{CRC: crc}, nil
 }
 
@@ -418,6 +432,16 @@ func (s *Store) Remove(tenant, ns, key []byte) error {
 	if err := validateKey(tenant, ns, key); err != nil {
 		return err
 	}
+	if err := s.remove(tenant, ns, key); err != nil {
+		return err
+	}
+	if s.sink != nil {
+		s.sink.Removed(tenant, ns, key)
+	}
+	return nil
+}
+
+func (s *Store) remove(tenant, ns, key []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	idx, ok := s.lookupLocked(tenant, ns, key)
@@ -440,6 +464,40 @@ func (s *Store) Remove(tenant, ns, key []byte) error {
 		s.freeEntryLocked(idx)
 	}
 	return nil
+}
+
+// ForEach calls yield for every committed block until it returns false.
+// It holds the lock for a few thousand blocks at a time, so puts and gets
+// proceed meanwhile; blocks added or removed during the walk may or may
+// not be seen (the location log covers them).
+func (s *Store) ForEach(yield func(tenant, namespace string, key []byte) bool) {
+	const chunk = 4096
+	type item struct {
+		ns  uint32
+		key []byte
+	}
+	var batch []item
+	for start := uint32(0); ; start += chunk {
+		batch = batch[:0]
+		s.mu.Lock()
+		end := min(start+chunk, s.mu.idx.entries.n)
+		for i := start; i < end; i++ {
+			if e := s.mu.idx.entries.at(i); e.state == stateLive {
+				batch = append(batch, item{e.ns, bytes.Clone(s.mu.idx.key(i))})
+			}
+		}
+		names := s.mu.ns.list
+		done := end >= s.mu.idx.entries.n
+		s.mu.Unlock()
+		for _, it := range batch {
+			if !yield(names[it.ns].tenant, names[it.ns].namespace, it.key) {
+				return
+			}
+		}
+		if done {
+			return
+		}
+	}
 }
 
 // Exists reports for each key whether the node holds it.

@@ -1617,6 +1617,96 @@ func (x *InfoResponse) GetCapacityBytes() uint64 {
 	return 0
 }
 
+type ReportLoadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long a request arriving now would wait before its prefill starts.
+	QueueSeconds float64 `protobuf:"fixed64,1,opt,name=queue_seconds,json=queueSeconds,proto3" json:"queue_seconds,omitempty"`
+	// Current prefill speed, tokens per second.
+	PrefillTokensPerSecond float64 `protobuf:"fixed64,2,opt,name=prefill_tokens_per_second,json=prefillTokensPerSecond,proto3" json:"prefill_tokens_per_second,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *ReportLoadRequest) Reset() {
+	*x = ReportLoadRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportLoadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportLoadRequest) ProtoMessage() {}
+
+func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportLoadRequest.ProtoReflect.Descriptor instead.
+func (*ReportLoadRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReportLoadRequest) GetQueueSeconds() float64 {
+	if x != nil {
+		return x.QueueSeconds
+	}
+	return 0
+}
+
+func (x *ReportLoadRequest) GetPrefillTokensPerSecond() float64 {
+	if x != nil {
+		return x.PrefillTokensPerSecond
+	}
+	return 0
+}
+
+type ReportLoadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportLoadResponse) Reset() {
+	*x = ReportLoadResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportLoadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportLoadResponse) ProtoMessage() {}
+
+func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportLoadResponse.ProtoReflect.Descriptor instead.
+func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{27}
+}
+
 var File_kvpool_v1_kvpool_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_kvpool_proto_rawDesc = "" +
@@ -1735,7 +1825,11 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rmax_key_bytes\x18\a \x01(\rR\vmaxKeyBytes\x12\x1d\n" +
 	"\n" +
 	"page_bytes\x18\b \x01(\x04R\tpageBytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes2\xbb\x04\n" +
+	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\"s\n" +
+	"\x11ReportLoadRequest\x12#\n" +
+	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
+	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\"\x14\n" +
+	"\x12ReportLoadResponse2\x86\x05\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +
@@ -1745,7 +1839,9 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x06Locate\x12\x18.kvpool.v1.LocateRequest\x1a\x19.kvpool.v1.LocateResponse\x12=\n" +
 	"\x06Remove\x12\x18.kvpool.v1.RemoveRequest\x1a\x19.kvpool.v1.RemoveResponse\x12:\n" +
 	"\x05Stats\x12\x17.kvpool.v1.StatsRequest\x1a\x18.kvpool.v1.StatsResponse\x127\n" +
-	"\x04Info\x12\x16.kvpool.v1.InfoRequest\x1a\x17.kvpool.v1.InfoResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\x04Info\x12\x16.kvpool.v1.InfoRequest\x1a\x17.kvpool.v1.InfoResponse\x12I\n" +
+	"\n" +
+	"ReportLoad\x12\x1c.kvpool.v1.ReportLoadRequest\x1a\x1d.kvpool.v1.ReportLoadResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_kvpool_proto_rawDescOnce sync.Once
@@ -1759,34 +1855,36 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
-	(*BlockKey)(nil),         // 0: kvpool.v1.BlockKey
-	(*PutHeader)(nil),        // 1: kvpool.v1.PutHeader
-	(*PutRequest)(nil),       // 2: kvpool.v1.PutRequest
-	(*PutResponse)(nil),      // 3: kvpool.v1.PutResponse
-	(*GetRequest)(nil),       // 4: kvpool.v1.GetRequest
-	(*BlockInfo)(nil),        // 5: kvpool.v1.BlockInfo
-	(*GetResponse)(nil),      // 6: kvpool.v1.GetResponse
-	(*BatchPutItem)(nil),     // 7: kvpool.v1.BatchPutItem
-	(*BatchPutRequest)(nil),  // 8: kvpool.v1.BatchPutRequest
-	(*ItemStatus)(nil),       // 9: kvpool.v1.ItemStatus
-	(*BatchPutResult)(nil),   // 10: kvpool.v1.BatchPutResult
-	(*BatchPutResponse)(nil), // 11: kvpool.v1.BatchPutResponse
-	(*BatchGetRequest)(nil),  // 12: kvpool.v1.BatchGetRequest
-	(*BatchGetResult)(nil),   // 13: kvpool.v1.BatchGetResult
-	(*BatchGetResponse)(nil), // 14: kvpool.v1.BatchGetResponse
-	(*ExistsRequest)(nil),    // 15: kvpool.v1.ExistsRequest
-	(*ExistsResponse)(nil),   // 16: kvpool.v1.ExistsResponse
-	(*LocateRequest)(nil),    // 17: kvpool.v1.LocateRequest
-	(*LocateResponse)(nil),   // 18: kvpool.v1.LocateResponse
-	(*RemoveRequest)(nil),    // 19: kvpool.v1.RemoveRequest
-	(*RemoveResponse)(nil),   // 20: kvpool.v1.RemoveResponse
-	(*StatsRequest)(nil),     // 21: kvpool.v1.StatsRequest
-	(*NamespaceStats)(nil),   // 22: kvpool.v1.NamespaceStats
-	(*StatsResponse)(nil),    // 23: kvpool.v1.StatsResponse
-	(*InfoRequest)(nil),      // 24: kvpool.v1.InfoRequest
-	(*InfoResponse)(nil),     // 25: kvpool.v1.InfoResponse
+	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
+	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
+	(*PutRequest)(nil),         // 2: kvpool.v1.PutRequest
+	(*PutResponse)(nil),        // 3: kvpool.v1.PutResponse
+	(*GetRequest)(nil),         // 4: kvpool.v1.GetRequest
+	(*BlockInfo)(nil),          // 5: kvpool.v1.BlockInfo
+	(*GetResponse)(nil),        // 6: kvpool.v1.GetResponse
+	(*BatchPutItem)(nil),       // 7: kvpool.v1.BatchPutItem
+	(*BatchPutRequest)(nil),    // 8: kvpool.v1.BatchPutRequest
+	(*ItemStatus)(nil),         // 9: kvpool.v1.ItemStatus
+	(*BatchPutResult)(nil),     // 10: kvpool.v1.BatchPutResult
+	(*BatchPutResponse)(nil),   // 11: kvpool.v1.BatchPutResponse
+	(*BatchGetRequest)(nil),    // 12: kvpool.v1.BatchGetRequest
+	(*BatchGetResult)(nil),     // 13: kvpool.v1.BatchGetResult
+	(*BatchGetResponse)(nil),   // 14: kvpool.v1.BatchGetResponse
+	(*ExistsRequest)(nil),      // 15: kvpool.v1.ExistsRequest
+	(*ExistsResponse)(nil),     // 16: kvpool.v1.ExistsResponse
+	(*LocateRequest)(nil),      // 17: kvpool.v1.LocateRequest
+	(*LocateResponse)(nil),     // 18: kvpool.v1.LocateResponse
+	(*RemoveRequest)(nil),      // 19: kvpool.v1.RemoveRequest
+	(*RemoveResponse)(nil),     // 20: kvpool.v1.RemoveResponse
+	(*StatsRequest)(nil),       // 21: kvpool.v1.StatsRequest
+	(*NamespaceStats)(nil),     // 22: kvpool.v1.NamespaceStats
+	(*StatsResponse)(nil),      // 23: kvpool.v1.StatsResponse
+	(*InfoRequest)(nil),        // 24: kvpool.v1.InfoRequest
+	(*InfoResponse)(nil),       // 25: kvpool.v1.InfoResponse
+	(*ReportLoadRequest)(nil),  // 26: kvpool.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil), // 27: kvpool.v1.ReportLoadResponse
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -1810,17 +1908,19 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	19, // 18: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
 	21, // 19: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
 	24, // 20: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
-	3,  // 21: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 22: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 23: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 24: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 25: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 26: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 27: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 28: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	25, // 29: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
+	26, // 21: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
+	3,  // 22: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 23: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 24: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 25: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 26: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 27: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 28: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 29: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	25, // 30: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	27, // 31: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	22, // [22:32] is the sub-list for method output_type
+	12, // [12:22] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1847,7 +1947,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,15 +32,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	KVPoolService_Put_FullMethodName      = "/kvpool.v1.KVPoolService/Put"
-	KVPoolService_Get_FullMethodName      = "/kvpool.v1.KVPoolService/Get"
-	KVPoolService_BatchPut_FullMethodName = "/kvpool.v1.KVPoolService/BatchPut"
-	KVPoolService_BatchGet_FullMethodName = "/kvpool.v1.KVPoolService/BatchGet"
-	KVPoolService_Exists_FullMethodName   = "/kvpool.v1.KVPoolService/Exists"
-	KVPoolService_Locate_FullMethodName   = "/kvpool.v1.KVPoolService/Locate"
-	KVPoolService_Remove_FullMethodName   = "/kvpool.v1.KVPoolService/Remove"
-	KVPoolService_Stats_FullMethodName    = "/kvpool.v1.KVPoolService/Stats"
-	KVPoolService_Info_FullMethodName     = "/kvpool.v1.KVPoolService/Info"
+	KVPoolService_Put_FullMethodName        = "/kvpool.v1.KVPoolService/Put"
+	KVPoolService_Get_FullMethodName        = "/kvpool.v1.KVPoolService/Get"
+	KVPoolService_BatchPut_FullMethodName   = "/kvpool.v1.KVPoolService/BatchPut"
+	KVPoolService_BatchGet_FullMethodName   = "/kvpool.v1.KVPoolService/BatchGet"
+	KVPoolService_Exists_FullMethodName     = "/kvpool.v1.KVPoolService/Exists"
+	KVPoolService_Locate_FullMethodName     = "/kvpool.v1.KVPoolService/Locate"
+	KVPoolService_Remove_FullMethodName     = "/kvpool.v1.KVPoolService/Remove"
+	KVPoolService_Stats_FullMethodName      = "/kvpool.v1.KVPoolService/Stats"
+	KVPoolService_Info_FullMethodName       = "/kvpool.v1.KVPoolService/Info"
+	KVPoolService_ReportLoad_FullMethodName = "/kvpool.v1.KVPoolService/ReportLoad"
 )
 
 // KVPoolServiceClient is the client API for KVPoolService service.
@@ -72,6 +73,9 @@ type KVPoolServiceClient interface {
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 	// Info describes the node and how a client can reach its fast paths.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
+	// ReportLoad is how the local engine tells its daemon its queue time and
+	// prefill speed; the daemon gossips them to the cluster.
+	ReportLoad(ctx context.Context, in *ReportLoadRequest, opts ...grpc.CallOption) (*ReportLoadResponse, error)
 }
 
 type kVPoolServiceClient struct {
@@ -184,6 +188,16 @@ func (c *kVPoolServiceClient) Info(ctx context.Context, in *InfoRequest, opts ..
 	return out, nil
 }
 
+func (c *kVPoolServiceClient) ReportLoad(ctx context.Context, in *ReportLoadRequest, opts ...grpc.CallOption) (*ReportLoadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportLoadResponse)
+	err := c.cc.Invoke(ctx, KVPoolService_ReportLoad_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVPoolServiceServer is the server API for KVPoolService service.
 // All implementations must embed UnimplementedKVPoolServiceServer
 // for forward compatibility.
@@ -213,6 +227,9 @@ type KVPoolServiceServer interface {
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	// Info describes the node and how a client can reach its fast paths.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
+	// ReportLoad is how the local engine tells its daemon its queue time and
+	// prefill speed; the daemon gossips them to the cluster.
+	ReportLoad(context.Context, *ReportLoadRequest) (*ReportLoadResponse, error)
 	mustEmbedUnimplementedKVPoolServiceServer()
 }
 
@@ -249,6 +266,9 @@ func (UnimplementedKVPoolServiceServer) Stats(context.Context, *StatsRequest) (*
 }
 func (UnimplementedKVPoolServiceServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedKVPoolServiceServer) ReportLoad(context.Context, *ReportLoadRequest) (*ReportLoadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportLoad not implemented")
 }
 func (UnimplementedKVPoolServiceServer) mustEmbedUnimplementedKVPoolServiceServer() {}
 func (UnimplementedKVPoolServiceServer) testEmbeddedByValue()                       {}
@@ -415,6 +435,24 @@ func _KVPoolService_Info_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVPoolService_ReportLoad_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportLoadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVPoolServiceServer).ReportLoad(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVPoolService_ReportLoad_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVPoolServiceServer).ReportLoad(ctx, req.(*ReportLoadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVPoolService_ServiceDesc is the grpc.ServiceDesc for KVPoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -449,6 +487,10 @@ var KVPoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _KVPoolService_Info_Handler,
+		},
+		{
+			MethodName: "ReportLoad",
+			Handler:    _KVPoolService_ReportLoad_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

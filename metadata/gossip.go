@@ -52,9 +52,9 @@ type GossipConfig struct {
 	// declared after about ProbeInterval × (2 + SuspicionMult·log10(N+1)).
 	// Default 200 ms.
 	ProbeInterval time.Duration
-	// Seeds returns addresses to join; it is called every second until
-	// every seed is a member. Typically the gossip addresses of the node
-	// records in etcd.
+	// Seeds returns addresses to join; it is called every ProbeInterval and
+	// the ones not yet members are joined. Typically the gossip addresses
+	// of the node records in etcd.
 	Seeds func() []string
 	// Load returns this node's load to gossip; called every second and
 	// after Refresh.
@@ -154,16 +154,24 @@ func (g *Gossip) Addr() string { return g.addr }
 // cluster when ctx ends.
 func (g *Gossip) Run(ctx context.Context) error {
 	defer g.Shutdown()
-	t := time.NewTicker(time.Second)
+	// Joining is retried every probe interval while some seed is not a
+	// member (new nodes appear in etcd at any time); load is republished
+	// every second, or at once after Refresh.
+	t := time.NewTicker(g.cfg.ProbeInterval)
 	defer t.Stop()
+	lastLoad := time.Time{}
 	for {
-		g.publishLoad()
+		if time.Since(lastLoad) >= time.Second {
+			g.publishLoad()
+			lastLoad = time.Now()
+		}
 		g.join()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-g.meta:
+			lastLoad = time.Time{}
 		}
 	}
 }

@@ -95,7 +95,7 @@ func startServe(t *testing.T, extra ...string) *server {
 	dir := t.TempDir()
 	s := &server{shm: filepath.Join(dir, "shm.sock"), done: make(chan error, 1)}
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
-		"--shm-socket", s.shm, "--log-format", "json"}
+		"--shm-socket", s.shm, "--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "etcd")}
 	args = append(args, extra...)
 	s.cmd = exec.Command(bin, args...)
 	stderr, err := s.cmd.StderrPipe()
@@ -363,7 +363,8 @@ func TestGracefulStop(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	r := mustOK(t, kv(t, nil, "demo"))
-	for _, want := range []string{"holds 4 of its 9 leading blocks", "every byte verified", "demo ok"} {
+	for _, want := range []string{"3 daemons up", "node-0  12", "node-1  6", "node-2  3", "deepest prefix: 12 blocks on node-0",
+		"every byte checked", "3 (3 alive in gossip)", "demo ok"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
 		}

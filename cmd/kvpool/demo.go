@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -11,8 +12,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/pool"
 )
 
@@ -21,169 +25,265 @@ func demoCmd(e *env) *cobra.Command {
 	var bytesPerToken int64
 	c := &cobra.Command{
 		Use:   "demo",
-		Short: "Start a node, store a prompt's prefix chain, find and fetch it, and exit",
-		Long: `demo starts a node in this process on a free loopback port, plays an inference
-engine that stores the KV blocks of one prompt as a prefix chain (vLLM's
-sha256_cbor keys), then a second request that shares the prefix: it locates the
-cached blocks, fetches them through shared memory and through the TCP data
-channel, verifies every byte, and prints what happened. It exits 0 when all
-of that worked.`,
+		Short: "Run a 3-node cluster on loopback, store prefix chains, show where they are, and stop",
+		Long: `demo starts an embedded etcd and three daemons on loopback, in this process. Engines
+on different nodes store the KV blocks of prompts as prefix chains (vLLM's
+sha256_cbor keys): one writes in place through shared memory, the others over
+the TCP data channel. Then a new request that shares a prefix asks any daemon
+where its blocks are: the per-node locality table, the deepest holder, and what
+the pool holds anywhere. It fetches the blocks, verifies every byte, prints the
+cluster stats, stops everything and exits 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if blocks < 4 || blockTokens < 1 || bytesPerToken < 1 {
+				return usageError{error: errors.New("want --blocks ≥ 4, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")}
+			}
 			return runDemo(cmd.Context(), e, blocks, blockTokens, bytesPerToken)
 		},
 	}
-	c.Flags().IntVar(&blocks, "blocks", 8, "blocks in the first prompt")
+	c.Flags().IntVar(&blocks, "blocks", 12, "blocks in the longest chain")
 	c.Flags().IntVar(&blockTokens, "block-tokens", 16, "tokens per block")
-	c.Flags().Int64Var(&bytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (131072 is Llama-3-8B in bf16)")
+	c.Flags().Int64Var(&bytesPerToken, "kv-bytes-per-token", 32768, "KV bytes per token (131072 is Llama-3-8B in bf16)")
 	return c
 }
 
-func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken int64) error {
-	if blocks < 2 || blockTokens < 1 || bytesPerToken < 1 {
-		return usageError{error: fmt.Errorf("want --blocks ≥ 2, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")}
+// demoCluster is what runDemo starts and must stop.
+type demoCluster struct {
+	etcd  *metadata.Embedded
+	nodes []*pool.Node
+	stops []func()
+}
+
+func (d *demoCluster) close() {
+	for i := len(d.stops) - 1; i >= 0; i-- {
+		d.stops[i]()
 	}
+}
+
+func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64, log *slog.Logger) (*demoCluster, error) {
+	d := &demoCluster{}
+	e, err := metadata.StartEmbedded(metadata.EmbedConfig{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
+	if err != nil {
+		return nil, err
+	}
+	d.etcd = e
+	d.stops = append(d.stops, func() { e.Close() })
+	for i := range 3 {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL()}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			d.close()
+			return nil, err
+		}
+		d.stops = append(d.stops, func() { cli.Close() })
+		cfg := pool.DefaultConfig(fmt.Sprintf("node-%d", i), capacity)
+		cfg.ListenAddr = "127.0.0.1:0"
+		cfg.ShmSocket = filepath.Join(dir, fmt.Sprintf("node-%d.sock", i))
+		cfg.MaxBlockBytes = maxBlock
+		cfg.Etcd, cfg.LeaseTTL = cli, 2*time.Second
+		cfg.Zone = []string{"rack-a", "rack-a", "rack-b"}[i]
+		cfg.Logger = log
+		n, err := pool.New(cfg)
+		if err != nil {
+			d.close()
+			return nil, err
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- n.Run(rctx) }()
+		d.stops = append(d.stops, func() { cancel(); <-done; n.Close() })
+		<-n.Ready()
+		d.nodes = append(d.nodes, n)
+	}
+	return d, nil
+}
+
+func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken int64) error {
 	out := e.stdout
 	blockBytes := int64(blockTokens) * bytesPerToken
-	capacity := (int64(blocks)*blockBytes*2/(64<<20) + 1) * (64 << 20)
+	capacity := (int64(blocks)*blockBytes*3/(64<<20) + 1) * (64 << 20)
 	dir, err := os.MkdirTemp("", "kvpool-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-
-	cfg := pool.DefaultConfig("demo-node", capacity)
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.ShmSocket = filepath.Join(dir, "shm.sock")
-	cfg.MaxBlockBytes = max(blockBytes, 1<<20)
-	cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	n, err := pool.New(cfg)
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	start := time.Now()
+	cl, err := startDemoCluster(ctx, dir, capacity, max(blockBytes, 1<<20), log)
 	if err != nil {
 		return err
 	}
-	defer n.Close()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- n.Run(runCtx) }()
-	defer func() { stop(); <-done }()
-	<-n.Ready()
-	fmt.Fprintf(out, "node %q serving on %s: %s shared-memory arena, same-host socket %s\n\n", n.ID(), n.Addr(), humanBytes(uint64(capacity)), n.ShmSocket())
-
-	engine, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String()})
-	if err != nil {
-		return err
+	defer cl.close()
+	fmt.Fprintf(out, "embedded etcd at %s; 3 daemons up in %v:\n", cl.etcd.ClientURL(), time.Since(start).Round(time.Millisecond))
+	for _, n := range cl.nodes {
+		fmt.Fprintf(out, "  %s  %s  %s arena  shm %s\n", n.ID(), n.Addr(), humanBytes(uint64(capacity)), filepath.Base(n.ShmSocket()))
 	}
-	defer engine.Close()
-	remote, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathData})
-	if err != nil {
-		return err
-	}
-	defer remote.Close()
 
-	// Request 1: a prompt of `blocks` full blocks plus a partial one.
+	clients := make([]*api.Client, 3)
+	for i, n := range cl.nodes {
+		path := api.PathData
+		if i == 0 {
+			path = api.PathShm // node-0's engine is on its host: in place
+		}
+		if clients[i], err = api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: path}); err != nil {
+			return err
+		}
+		defer clients[i].Close()
+	}
+
+	// Three prompts share a system prompt; each engine computed some.
 	rng := rand.New(rand.NewPCG(1, 2))
-	prompt := make([]uint32, blocks*blockTokens+blockTokens/2)
-	for i := range prompt {
-		prompt[i] = uint32(rng.IntN(128256))
+	token := func() uint32 { return uint32(rng.IntN(128256)) }
+	system := make([]uint32, blocks*blockTokens)
+	for i := range system {
+		system[i] = token()
 	}
 	chainCfg := api.ChainConfig{Scheme: api.ChainSHA256CBOR, BlockTokens: blockTokens, Seed: "0"}
-	keys, err := api.ChainKeys(chainCfg, prompt)
+	keys, err := api.ChainKeys(chainCfg, system)
 	if err != nil {
 		return err
 	}
 	const tenant, namespace = "demo", "llama3-8b.bf16.tp1"
-	fmt.Fprintf(out, "request 1: %d tokens -> %d full blocks of %d tokens (%s of KV each), keys by vLLM sha256_cbor, seed \"0\"\n",
-		len(prompt), len(keys), blockTokens, humanBytes(uint64(blockBytes)))
 	kv := make([][]byte, len(keys))
-	start := time.Now()
-	for i, k := range keys {
+	for i := range kv {
 		kv[i] = make([]byte, blockBytes)
-		for j := range kv[i] {
-			kv[i][j] = byte(rng.Uint32())
+		for j := 0; j+8 <= len(kv[i]); j += 8 {
+			x := rng.Uint64()
+			for b := range 8 {
+				kv[i][j+b] = byte(x >> (8 * b))
+			}
 		}
-		// Written in place: the engine reserves space in the node's
-		// segment, fills it (a GPU would DMA here) and commits.
-		r, err := engine.Reserve(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: k}, len(kv[i]))
+	}
+	stored := []struct {
+		node, from, to int
+		how            string
+	}{
+		{0, 0, blocks, "written in place through shared memory"},
+		{1, 0, blocks / 2, "sent over the TCP data channel"},
+		{2, 0, blocks / 4, "sent over the TCP data channel"},
+	}
+	fmt.Fprintf(out, "\nprefix chain: %d blocks of %d tokens, %s of KV each (vLLM sha256_cbor keys, seed \"0\")\n", blocks, blockTokens, humanBytes(uint64(blockBytes)))
+	for _, s := range stored {
+		t0 := time.Now()
+		for i := s.from; i < s.to; i++ {
+			k := api.BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[i]}
+			if s.node == 0 {
+				r, err := clients[0].Reserve(ctx, k, len(kv[i]))
+				if err != nil {
+					return err
+				}
+				copy(r.Bytes(), kv[i]) // an engine's DMA would land here
+				if _, err := r.Commit(ctx); err != nil {
+					return err
+				}
+			} else if err := clients[s.node].Put(ctx, k, kv[i]); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(out, "  node-%d stores blocks %d..%d  (%s, %v)\n", s.node, s.from, s.to-1, s.how, time.Since(t0).Round(time.Microsecond))
+	}
+
+	// A new request: the system prompt plus a question nobody has seen.
+	request := append(append([]uint32(nil), system...), make([]uint32, 2*blockTokens)...)
+	for i := len(system); i < len(request); i++ {
+		request[i] = token()
+	}
+	rkeys, err := api.ChainKeys(chainCfg, request)
+	if err != nil {
+		return err
+	}
+	admin := kvpoolv1.NewAdminServiceClient(clients[2].Conn())
+	// Locations reach every mirror, and gossip every daemon, within
+	// milliseconds of a put: wait for the cluster to settle.
+	want := map[string]uint32{"node-0": uint32(blocks), "node-1": uint32(blocks / 2), "node-2": uint32(blocks / 4)}
+	var loc *kvpoolv1.ClusterLocateResponse
+	settled := func() (bool, error) {
+		if loc, err = admin.ClusterLocate(ctx, &kvpoolv1.ClusterLocateRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys}); err != nil {
+			return false, api.FromStatus(err)
+		}
+		for _, np := range loc.GetNodes() {
+			if want[np.GetNodeId()] != np.GetPrefixBlocks() {
+				return false, nil
+			}
+		}
+		nodes, err := admin.ListNodes(ctx, &kvpoolv1.ListNodesRequest{})
+		if err != nil {
+			return false, api.FromStatus(err)
+		}
+		for _, n := range nodes.GetNodes() {
+			if n.GetGossipState() != "alive" || n.GetStoredBlocks() != uint64(want[n.GetNodeId()]) {
+				return false, nil
+			}
+		}
+		return len(loc.GetNodes()) == 3, nil
+	}
+	waitStart := time.Now()
+	for {
+		ok, err := settled()
 		if err != nil {
 			return err
 		}
-		copy(r.Bytes(), kv[i])
-		if _, err := r.Commit(ctx); err != nil {
+		if ok {
+			break
+		}
+		if time.Since(waitStart) > 15*time.Second {
+			return fmt.Errorf("demo: the cluster did not settle within 15 s: %v", loc)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fmt.Fprintf(out, "\nevery mirror and gossip agree %v after the last put\n", time.Since(waitStart).Round(time.Millisecond))
+	fmt.Fprintf(out, "\nnew request: %d tokens = %d blocks; asked node-2 where they are (kvpool admin locate):\n", len(request), len(rkeys))
+	printLocate(out, loc)
+
+	// The request goes to node-2, which holds a quarter: it reads the rest
+	// from the deepest holder, node-0, and verifies every byte.
+	t0 := time.Now()
+	buf := make([]byte, blockBytes)
+	have := blocks / 4
+	for i := range blocks {
+		src := clients[2]
+		if i >= have {
+			src = clients[0]
+		}
+		m, err := src.Get(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: rkeys[i]}, buf)
+		if err != nil {
 			return err
 		}
-	}
-	fmt.Fprintf(out, "  stored %d blocks via %s in %v (reserve, write in place, commit; the node checksums at commit)\n", len(keys), engine.Path(), time.Since(start).Round(time.Microsecond))
-	for i := 0; i < min(3, len(keys)); i++ {
-		fmt.Fprintf(out, "    block %d  key %x…\n", i, keys[i][:8])
-	}
-
-	// Request 2 shares the first half of the prompt, then diverges.
-	shared := blocks / 2
-	prompt2 := append([]uint32(nil), prompt[:shared*blockTokens]...)
-	for range (blocks - shared + 1) * blockTokens {
-		prompt2 = append(prompt2, uint32(rng.IntN(128256)))
-	}
-	keys2, err := api.ChainKeys(chainCfg, prompt2)
-	if err != nil {
-		return err
-	}
-	hit, err := remote.Locate(ctx, tenant, namespace, keys2)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "\nrequest 2: %d tokens sharing the first %d blocks -> Locate: node holds %d of its %d leading blocks\n", len(prompt2), shared, hit, len(keys2))
-	if hit != shared {
-		return fmt.Errorf("demo: expected a %d-block prefix hit, got %d", shared, hit)
-	}
-
-	buf := make([]byte, blockBytes)
-	for _, cl := range []struct {
-		name string
-		c    *api.Client
-	}{{"shared memory", engine}, {"tcp data channel", remote}} {
-		start := time.Now()
-		for i := range hit {
-			k := api.BlockKey{Tenant: tenant, Namespace: namespace, Key: keys2[i]}
-			m, err := cl.c.Get(ctx, k, buf)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(buf[:m], kv[i]) {
-				return fmt.Errorf("demo: block %d came back different", i)
-			}
+		if !bytes.Equal(buf[:m], kv[i]) {
+			return fmt.Errorf("demo: block %d came back different", i)
 		}
-		el := time.Since(start)
-		fmt.Fprintf(out, "  fetched the %d cached blocks over %-16s in %9v (%.2f GB/s), every byte verified\n", hit, cl.name, el.Round(time.Microsecond), float64(int64(hit)*blockBytes)/el.Seconds()/1e9)
 	}
-	v, err := engine.View(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: keys2[0]})
-	if err != nil {
-		return err
-	}
-	verr := v.Verify()
-	v.Close()
-	if verr != nil {
-		return verr
-	}
-	fmt.Fprintf(out, "  zero-copy view of block 0: %s read in place from the segment, CRC-32C %08x ok\n", humanBytes(uint64(len(v.Bytes()))), v.CRC())
-	fmt.Fprintf(out, "  the other %d blocks are missing: the engine recomputes them (later: or fetches them from a peer)\n", len(keys2)-hit)
+	fmt.Fprintf(out, "node-2 reads blocks 0..%d locally and %d..%d from node-0 in %v, every byte checked; the last %d blocks are new and get computed\n",
+		have-1, have, blocks-1, time.Since(t0).Round(time.Microsecond), len(rkeys)-blocks)
 
-	// Immutability and errors.
-	k0 := api.BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[0]}
+	// Blocks are immutable.
 	bad := bytes.Clone(kv[0])
 	bad[0] ^= 1
-	err = remote.Put(ctx, k0, bad)
-	fmt.Fprintf(out, "\nput of different bytes under block 0's key: %v\n", err)
+	err = clients[1].Put(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[0]}, bad)
+	fmt.Fprintf(out, "\noverwriting block 0 on node-1 with other bytes: %v\n", err)
 	if err == nil {
-		return fmt.Errorf("demo: overwrite of an immutable block succeeded")
+		return errors.New("demo: an immutable block was overwritten")
 	}
 
-	st, err := remote.Stats(ctx)
+	st, err := admin.ClusterStats(ctx, &kvpoolv1.ClusterStatsRequest{})
 	if err != nil {
-		return err
+		return api.FromStatus(err)
 	}
-	fmt.Fprintf(out, "\nnode stats: %d blocks, %s stored, %s of %s used, largest free run %s, fragmentation external %.3f internal %.3f\n",
-		st.GetBlocks(), humanBytes(st.GetStoredBytes()), humanBytes(st.GetUsedBytes()), humanBytes(st.GetCapacityBytes()),
-		humanBytes(st.GetLargestFreeBytes()), st.GetExternalFragmentation(), st.GetInternalFragmentation())
+	fmt.Fprintln(out, "\ncluster stats (kvpool admin stats):")
+	printClusterStats(out, st)
+	nodes, err := admin.ListNodes(ctx, &kvpoolv1.ListNodesRequest{})
+	if err != nil {
+		return api.FromStatus(err)
+	}
+	fmt.Fprintln(out, "\nnodes (kvpool admin nodes):")
+	for _, n := range nodes.GetNodes() {
+		fmt.Fprintf(out, "  %s  etcd %s, gossip %s, %s, %d blocks published\n", n.GetNodeId(), n.GetEtcdState(), n.GetGossipState(), dash(n.GetZone()), n.GetPublishedBlocks())
+	}
+	fmt.Fprintln(out, "\nstopping the daemons and etcd")
+	for _, c := range clients {
+		c.Close()
+	}
+	cl.close()
+	cl.stops = nil
 	fmt.Fprintln(out, "demo ok")
 	return nil
 }

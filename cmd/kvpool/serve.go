@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/pool"
 )
 
@@ -36,6 +39,14 @@ type fileConfig struct {
 	MaxNamespaces      int    `json:"max_namespaces"`
 	LogLevel           string `json:"log_level"`
 	LogFormat          string `json:"log_format"`
+	EtcdEndpoints      string `json:"etcd_endpoints"`
+	DataDir            string `json:"data_dir"`
+	EmbeddedEtcdListen string `json:"embedded_etcd_listen"`
+	Standalone         *bool  `json:"standalone"`
+	GossipListen       string `json:"gossip_listen"`
+	Advertise          string `json:"advertise"`
+	Zone               string `json:"zone"`
+	LeaseTTL           string `json:"lease_ttl"`
 }
 
 type serveFlags struct {
@@ -56,6 +67,14 @@ type serveFlags struct {
 	maxNS      int
 	logLevel   string
 	logFormat  string
+	etcd       string
+	dataDir    string
+	etcdListen string
+	standalone bool
+	gossip     string
+	advertise  string
+	zone       string
+	leaseTTL   time.Duration
 }
 
 func serveCmd(e *env) *cobra.Command {
@@ -68,11 +87,19 @@ engines on this host map directly, with gRPC and the framed data channel on
 --listen (one port), same-host clients on the unix socket --shm-socket, and
 Prometheus metrics, /healthz and /readyz on --metrics-listen.
 
+Nodes form a cluster through etcd: with --etcd-endpoints the node joins an
+existing etcd; without it the node starts an embedded etcd (--data-dir,
+--embedded-etcd-listen) that other daemons can join. Each node registers on
+a lease (--lease-ttl), publishes where its blocks are, mirrors where every
+node's are, and gossips liveness and load on --gossip-listen. --standalone
+runs a lone node with none of that.
+
 Settings come from flags, or from a YAML file given with --config whose keys
 are the flag names in snake_case (capacity: 8GiB, listen: 0.0.0.0:7070, ...);
 flags on the command line override the file. SIGINT or SIGTERM stops the node
 gracefully.`,
 		Example: `  kvpool serve --capacity 8GiB --node-id gpu-node-1
+  kvpool serve --capacity 8GiB --node-id gpu-node-2 --listen 127.0.0.1:7071 --metrics-listen "" --etcd-endpoints http://127.0.0.1:2379
   kvpool serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory
   kvpool serve --config /etc/kvpool/node.yaml`,
 		Args: cobra.NoArgs,
@@ -88,6 +115,14 @@ gracefully.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg.Registerer, cfg.Gatherer, cfg.Logger, cfg.Version = reg, reg, logger, version
+			if !f.standalone {
+				cli, stop, err := f.connectEtcd(cfg.NodeID, logger)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				cfg.Etcd = cli
+			}
 			n, err := pool.New(cfg)
 			if err != nil {
 				return err
@@ -113,6 +148,14 @@ gracefully.`,
 	fl.DurationVar(&f.ioTimeout, "io-timeout", 30*time.Second, "longest wait for the rest of a started frame or for a write")
 	fl.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "close data connections idle this long")
 	fl.IntVar(&f.maxNS, "max-namespaces", 4096, "most distinct (tenant, namespace) pairs the node holds")
+	fl.StringVar(&f.etcd, "etcd-endpoints", "", "comma-separated etcd client URLs of an existing cluster; empty starts an embedded etcd")
+	fl.StringVar(&f.dataDir, "data-dir", "", "embedded etcd's data directory (default $TMPDIR/kvpool-<node-id>/etcd)")
+	fl.StringVar(&f.etcdListen, "embedded-etcd-listen", "127.0.0.1:2379", "where the embedded etcd serves clients; other daemons join with --etcd-endpoints http://ADDR")
+	fl.BoolVar(&f.standalone, "standalone", false, "run without etcd or gossip: a single node that publishes nothing")
+	fl.StringVar(&f.gossip, "gossip-listen", "", "host:port for gossip, UDP and TCP (default: the --listen host, a free port; published in etcd)")
+	fl.StringVar(&f.advertise, "advertise", "", "address other nodes and clients reach this node at (default: the bound --listen address)")
+	fl.StringVar(&f.zone, "zone", "", "failure domain shown to operators, [A-Za-z0-9._-]")
+	fl.DurationVar(&f.leaseTTL, "lease-ttl", 5*time.Second, "etcd lease of the node's records: how long they outlive a crashed node")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	return c
@@ -177,6 +220,14 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 	str("shm-socket", &f.shmSocket, fc.ShmSocket)
 	str("log-level", &f.logLevel, fc.LogLevel)
 	str("log-format", &f.logFormat, fc.LogFormat)
+	str("etcd-endpoints", &f.etcd, fc.EtcdEndpoints)
+	str("data-dir", &f.dataDir, fc.DataDir)
+	str("embedded-etcd-listen", &f.etcdListen, fc.EmbeddedEtcdListen)
+	str("gossip-listen", &f.gossip, fc.GossipListen)
+	str("advertise", &f.advertise, fc.Advertise)
+	str("zone", &f.zone, fc.Zone)
+	dur("lease-ttl", &f.leaseTTL, fc.LeaseTTL)
+	boolean("standalone", &f.standalone, fc.Standalone)
 	size("capacity", &f.capacity, fc.Capacity)
 	size("page-size", &f.pageSize, fc.PageSize)
 	size("max-block-size", &f.maxBlock, fc.MaxBlockSize)
@@ -216,8 +267,60 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 		IOTimeout:          f.ioTimeout,
 		IdleTimeout:        f.idle,
 		MaxNamespaces:      f.maxNS,
+		GossipAddr:         f.gossip,
+		AdvertiseAddr:      f.advertise,
+		Zone:               f.zone,
+		LeaseTTL:           f.leaseTTL,
 	}
 	return cfg, [2]string{f.logLevel, f.logFormat}, nil
+}
+
+// connectEtcd returns a client to the configured etcd, starting an
+// embedded one first when no endpoints are given. stop closes both.
+func (f *serveFlags) connectEtcd(nodeID string, log *slog.Logger) (*clientv3.Client, func(), error) {
+	endpoints := splitList(f.etcd)
+	var embedded *metadata.Embedded
+	if len(endpoints) == 0 {
+		dir := f.dataDir
+		if dir == "" {
+			dir = filepath.Join(os.TempDir(), "kvpool-"+nodeID, "etcd")
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, nil, err
+		}
+		url := "http://" + f.etcdListen
+		var err error
+		embedded, err = metadata.StartEmbedded(metadata.EmbedConfig{Name: nodeID, Dir: dir, ClientURL: url})
+		if err != nil {
+			return nil, nil, err
+		}
+		endpoints = []string{embedded.ClientURL()}
+		log.Info("embedded etcd serving", "client_url", embedded.ClientURL(), "data_dir", dir,
+			"join_with", "--etcd-endpoints "+embedded.ClientURL())
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		if embedded != nil {
+			embedded.Close()
+		}
+		return nil, nil, fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	return cli, func() {
+		cli.Close()
+		if embedded != nil {
+			embedded.Close()
+		}
+	}, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func newLogger(e *env, level, format string) (*slog.Logger, error) {

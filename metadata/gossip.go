@@ -75,9 +75,13 @@ type Gossip struct {
 	crashed atomic.Bool
 	stop    sync.Once
 
+	// mu guards what the event callbacks copy out of memberlist: its
+	// Node structs change under it, so they are never read elsewhere.
 	mu    sync.Mutex
-	state map[string]string // id -> alive/suspect/dead/left, as last seen
-	load  []byte            // our encoded Load
+	peers map[string]*peerCopy // by node id, this node included
+	load  []byte               // our encoded Load
+
+	lastTry map[string]time.Time // join attempts by address; Run's goroutine only
 }
 
 // NewGossip binds the gossip port. Run joins and serves it.
@@ -109,7 +113,7 @@ func NewGossip(cfg GossipConfig) (*Gossip, error) {
 			return nil, err
 		}
 	}
-	g := &Gossip{cfg: cfg, log: cfg.Logger.With("component", "gossip"), state: map[string]string{}, meta: make(chan struct{}, 1),
+	g := &Gossip{cfg: cfg, log: cfg.Logger.With("component", "gossip"), peers: map[string]*peerCopy{}, meta: make(chan struct{}, 1), lastTry: map[string]time.Time{},
 		addr: net.JoinHostPort(host, strconv.Itoa(port))}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeID
@@ -204,15 +208,24 @@ func (g *Gossip) join() {
 	if g.cfg.Seeds == nil {
 		return
 	}
-	members := map[string]bool{}
-	for _, m := range g.ml.Members() {
-		members[m.Address()] = true
+	g.mu.Lock()
+	state := map[string]string{}
+	for _, p := range g.peers {
+		state[p.addr] = p.state
 	}
+	g.mu.Unlock()
+	// Join seeds we have never seen at once; retry dead ones every 10 s,
+	// so a partition heals without hammering a host that is gone.
 	var todo []string
 	for _, s := range g.cfg.Seeds() {
-		if s != "" && s != g.Addr() && !members[s] {
-			todo = append(todo, s)
+		if s == "" || s == g.Addr() || state[s] == "alive" {
+			continue
 		}
+		if state[s] == "dead" && time.Since(g.lastTry[s]) < 10*time.Second {
+			continue
+		}
+		g.lastTry[s] = time.Now()
+		todo = append(todo, s)
 	}
 	if len(todo) > 0 {
 		if _, err := g.ml.Join(todo); err != nil {
@@ -221,38 +234,36 @@ func (g *Gossip) join() {
 	}
 }
 
+// peerCopy is what gossip knows of a node, copied out of memberlist.
+type peerCopy struct {
+	state string // alive, dead (memberlist reports a leave as a death)
+	addr  string
+	meta  []byte
+}
+
 // Dead reports whether gossip has declared node dead (or seen it leave).
 // A node gossip has never seen is not dead.
 func (g *Gossip) Dead(node string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s := g.state[node]
-	return s == "dead" || s == "left"
+	p, ok := g.peers[node]
+	return ok && p.state == "dead"
 }
 
-// Peers lists every node gossip knows, with its state and load.
-//
-// NB: memberlist calls our event methods with its own locks held, so g.mu
-// is never held while calling into memberlist.
+// Peers lists every node gossip knows, this one included, with its state
+// and load.
 func (g *Gossip) Peers() []Peer {
-	members := g.ml.Members()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var out []Peer
-	seen := map[string]bool{}
-	for _, n := range members {
-		p := Peer{ID: n.Name, Addr: n.Address(), State: g.state[n.Name]}
-		if n.Name == g.cfg.NodeID || p.State == "" {
-			p.State = "alive"
+	out := make([]Peer, 0, len(g.peers))
+	for id, pc := range g.peers {
+		p := Peer{ID: id, Addr: pc.addr, State: pc.state}
+		meta := pc.meta
+		if id == g.cfg.NodeID {
+			meta = g.load
 		}
-		json.Unmarshal(n.Meta, &p.Load)
+		json.Unmarshal(meta, &p.Load)
 		out = append(out, p)
-		seen[n.Name] = true
-	}
-	for id, s := range g.state {
-		if !seen[id] {
-			out = append(out, Peer{ID: id, State: s})
-		}
 	}
 	return out
 }
@@ -279,24 +290,32 @@ func (g *Gossip) LocalState(join bool) []byte { return nil }
 // MergeRemoteState implements memberlist.Delegate.
 func (g *Gossip) MergeRemoteState(buf []byte, join bool) {}
 
-// NotifyJoin implements memberlist.EventDelegate.
-func (g *Gossip) NotifyJoin(n *memberlist.Node) { g.setState(n.Name, "alive") }
+// NotifyJoin implements memberlist.EventDelegate. memberlist holds its
+// locks here, so the node is copied and nothing calls back into it.
+func (g *Gossip) NotifyJoin(n *memberlist.Node) { g.record(n, "alive") }
 
 // NotifyLeave implements memberlist.EventDelegate: a node left or was
 // declared dead. (memberlist does not update the Node's State field before
 // this call, so the event itself is the news.)
-func (g *Gossip) NotifyLeave(n *memberlist.Node) { g.setState(n.Name, "dead") }
+func (g *Gossip) NotifyLeave(n *memberlist.Node) { g.record(n, "dead") }
 
-// NotifyUpdate implements memberlist.EventDelegate.
-func (g *Gossip) NotifyUpdate(n *memberlist.Node) { g.setState(n.Name, "alive") }
+// NotifyUpdate implements memberlist.EventDelegate: new metadata (load).
+func (g *Gossip) NotifyUpdate(n *memberlist.Node) { g.record(n, "alive") }
 
-func (g *Gossip) setState(name, s string) {
+func (g *Gossip) record(n *memberlist.Node, state string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state[name] != s && name != g.cfg.NodeID {
-		g.log.Info("gossip peer state", "peer", name, "state", s)
+	p := g.peers[n.Name]
+	if p == nil {
+		p = &peerCopy{}
+		g.peers[n.Name] = p
 	}
-	g.state[name] = s
+	if p.state != state && n.Name != g.cfg.NodeID {
+		g.log.Info("gossip peer state", "peer", n.Name, "state", state)
+	}
+	p.state = state
+	p.addr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	p.meta = append(p.meta[:0], n.Meta...)
 }
 
 // Shutdown leaves the cluster politely and stops gossip. It is idempotent

@@ -110,6 +110,8 @@ type Member struct {
 		queue        []Record
 		needSnapshot bool
 		epoch        int64
+		// inflight counts changes taken from the queue and not yet written.
+		inflight int
 	}
 	wake chan struct{}
 
@@ -157,6 +159,18 @@ func (m *Member) enqueue(op Op, tenant, namespace, key []byte) {
 	case m.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Pending reports how many changes are not yet in etcd: queued, being
+// written, or owed in a snapshot (counted as 1).
+func (m *Member) Pending() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := len(m.mu.queue) + m.mu.inflight
+	if m.mu.needSnapshot || m.mu.epoch == 0 {
+		n++
+	}
+	return n
 }
 
 // Epoch returns the current lease id, 0 before the first registration.
@@ -302,17 +316,18 @@ func (m *Member) flush(ctx context.Context) error {
 	m.mu.Lock()
 	reset := m.mu.needSnapshot
 	if reset {
-		m.mu.queue, m.mu.needSnapshot = nil, false
+		m.mu.queue, m.mu.needSnapshot, m.mu.inflight = nil, false, 1
 	}
 	m.mu.Unlock()
 	if reset {
-		if err := m.writeSnapshot(ctx, true); err != nil {
-			m.mu.Lock()
+		err := m.writeSnapshot(ctx, true)
+		m.mu.Lock()
+		m.mu.inflight = 0
+		if err != nil {
 			m.mu.needSnapshot = true
-			m.mu.Unlock()
-			return err
 		}
-		return nil
+		m.mu.Unlock()
+		return err
 	}
 	// Full batches go out now; a partial one only when it is the first (a
 	// flush interval has passed) or a compaction follows.
@@ -324,6 +339,7 @@ func (m *Member) flush(ctx context.Context) error {
 		}
 		batch := m.mu.queue[:n:n]
 		m.mu.queue = m.mu.queue[n:]
+		m.mu.inflight = n
 		more := len(m.mu.queue) > 0
 		m.mu.Unlock()
 		if n == 0 {
@@ -339,6 +355,9 @@ func (m *Member) flush(ctx context.Context) error {
 			m.requeue(batch)
 			return err
 		}
+		m.mu.Lock()
+		m.mu.inflight = 0
+		m.mu.Unlock()
 		m.logLen++
 		m.count(func(s *MemberStats) { s.Batches++; s.Records += uint64(len(batch)) })
 	}
@@ -352,6 +371,7 @@ func (m *Member) flush(ctx context.Context) error {
 func (m *Member) requeue(batch []Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.mu.inflight = 0
 	if m.mu.needSnapshot {
 		return
 	}

@@ -23,7 +23,7 @@ func startEtcd(t testing.TB) *Embedded {
 
 func newClient(t testing.TB, url string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	cli, err := NewClient([]string{url})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,4 +252,30 @@ func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 	if gs[0].Dead("g1") || gs[0].Dead("never-seen") {
 		t.Fatal("live or unknown nodes reported dead")
 	}
+}
+
+func TestMirrorLoadSkipsMalformedRecords(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	a := startMember(t, cli, "node-a")
+	a.store.add(a.Member, "t", "n", "k")
+	mm := startMirror(t, cli)
+	converged(t, cli, mm, a)
+	for k, v := range map[string]string{
+		"/kvpool/nodes/x":                                  "{",
+		"/kvpool/loc/node-a/zz/0000000000000000":           "x",
+		"/kvpool/loc/node-a/1/000000000000000g":            "x",
+		keys{"/kvpool/"}.loc("node-a", a.Epoch(), 1<<40):   "garbage",
+		keys{"/kvpool/"}.loc("node-a", a.Epoch(), 1<<40+1): string(AppendBatch(nil, &Batch{Records: []Record{{Op: OpAdd, Tenant: "bad tenant", Namespace: "n", Key: "k"}}})),
+	} {
+		if _, err := cli.Put(context.Background(), k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "the watching mirror to skip 5 records", func() bool { return mm.Stats().Malformed == 5 })
+	fresh := startMirror(t, cli)
+	if got := fresh.Stats().Malformed; got != 5 {
+		t.Fatalf("a loading mirror skipped %d records, want 5", got)
+	}
+	converged(t, cli, fresh, a)
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
@@ -69,7 +68,7 @@ func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64,
 	d.etcd = e
 	d.stops = append(d.stops, func() { e.Close() })
 	for i := range 3 {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL()}, DialTimeout: 5 * time.Second})
+		cli, err := metadata.NewClient([]string{e.ClientURL()})
 		if err != nil {
 			d.close()
 			return nil, err

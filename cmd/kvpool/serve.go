@@ -298,7 +298,7 @@ func (f *serveFlags) connectEtcd(nodeID string, log *slog.Logger) (*clientv3.Cli
 		log.Info("embedded etcd serving", "client_url", embedded.ClientURL(), "data_dir", dir,
 			"join_with", "--etcd-endpoints "+embedded.ClientURL())
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	cli, err := metadata.NewClient(endpoints)
 	if err != nil {
 		if embedded != nil {
 			embedded.Close()

@@ -38,6 +38,9 @@ type Config struct {
 	Endpoints []string
 	// Mutate adjusts node i's config before it starts.
 	Mutate func(i int, c *pool.Config)
+	// EtcdEndpoints, when set, returns the endpoints node i's etcd client
+	// uses (a Proxy, say) instead of the cluster's.
+	EtcdEndpoints func(i int, endpoints []string) []string
 }
 
 // Cluster is a running test cluster.
@@ -120,7 +123,7 @@ func (c *Cluster) StopEtcd() string {
 // Client returns a new etcd client for the cluster, closed at cleanup.
 func (c *Cluster) EtcdClient() *clientv3.Client {
 	c.t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 5 * time.Second})
+	cli, err := metadata.NewClient(c.Endpoints)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -130,7 +133,11 @@ func (c *Cluster) EtcdClient() *clientv3.Client {
 
 func (c *Cluster) start(id string, i int) *Daemon {
 	c.t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 5 * time.Second})
+	endpoints := c.Endpoints
+	if c.cfg.EtcdEndpoints != nil {
+		endpoints = c.cfg.EtcdEndpoints(i, endpoints)
+	}
+	cli, err := metadata.NewClient(endpoints)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -231,13 +238,19 @@ func (c *Cluster) Running() []*Daemon {
 	return out
 }
 
-// Converged waits until every running daemon's mirror equals what etcd
-// holds, and returns that content.
+// Converged waits until every running daemon has written all its changes
+// to etcd and every running daemon's mirror equals what etcd then holds,
+// and returns that content.
 func (c *Cluster) Converged(within time.Duration) []string {
 	c.t.Helper()
 	cli := c.EtcdClient()
 	var want []string
 	c.Eventually("every mirror to equal etcd", within, func() bool {
+		for _, d := range c.Running() {
+			if d.Node.Member().Pending() != 0 {
+				return false
+			}
+		}
 		var err error
 		want, _, err = metadata.ReadContent(context.Background(), cli, "/kvpool/")
 		if err != nil {

@@ -118,10 +118,7 @@ func buildState(n int) (*state, [][]byte) {
 //	go test -run x -bench Locate ./metadata
 func BenchmarkLocate(b *testing.B) {
 	s, keys := buildState(1_000_000)
-	chain := make([]string, 128)
-	for i := range chain {
-		chain[i] = string(keys[500_000+i])
-	}
+	chain := keys[500_000 : 500_000+128]
 	b.ResetTimer()
 	var r LocateResult
 	for b.Loop() {

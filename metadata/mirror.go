@@ -225,13 +225,9 @@ func (m *Mirror) applyEvent(ev *clientv3.Event) {
 // holds, the deepest such prefix and who holds it, and how much of the
 // chain the pool holds anywhere.
 func (m *Mirror) Locate(tenant, namespace string, chain [][]byte) LocateResult {
-	keys := make([]string, len(chain))
-	for i, k := range chain {
-		keys[i] = string(k)
-	}
-	m.mu.Lock() // locate reuses the state's scratch buffer
-	defer m.mu.Unlock()
-	return m.st.locate(tenant, namespace, keys, m.cfg.Dead)
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.st.locate(tenant, namespace, chain, m.cfg.Dead)
 }
 
 // Nodes returns the node records the mirror knows, by id.

@@ -200,9 +200,11 @@ func (s *state) applyBatch(id string, epoch int64, seq uint64, b *Batch) bool {
 	return true
 }
 
-// holders returns the live node slots holding a block.
-func (s *state) holders(tenant, namespace, key string) []uint16 {
-	id, ok := s.blocks[string(s.blockKey(tenant, namespace, key))]
+// holders returns the node slots holding a block. buf is scratch for the
+// block key; it is safe for concurrent readers.
+func (s *state) holders(buf []byte, tenant, namespace string, key []byte) []uint16 {
+	buf = append(append(append(append(append(buf[:0], tenant...), 0), namespace...), 0), key...)
+	id, ok := s.blocks[string(buf)]
 	if !ok {
 		return nil
 	}
@@ -232,8 +234,10 @@ type LocateResult struct {
 	PoolPrefix int `json:"pool_prefix"`
 }
 
-// locate walks the chain once. dead reports nodes to leave out.
-func (s *state) locate(tenant, namespace string, chain []string, dead func(string) bool) LocateResult {
+// locate walks the chain once. dead reports nodes to leave out. It only
+// reads the state, so concurrent calls are safe.
+func (s *state) locate(tenant, namespace string, chain [][]byte, dead func(string) bool) LocateResult {
+	var buf [2*64 + 128 + 2]byte
 	res := LocateResult{ChainBlocks: len(chain)}
 	counts := make([]int, len(s.slots))
 	running := make([]bool, len(s.slots))
@@ -250,7 +254,7 @@ func (s *state) locate(tenant, namespace string, chain []string, dead func(strin
 		if nRunning == 0 && !pool {
 			break
 		}
-		held := s.holders(tenant, namespace, k)
+		held := s.holders(buf[:0], tenant, namespace, k)
 		any := false
 		for _, slot := range held {
 			if live[slot] {

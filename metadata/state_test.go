@@ -82,7 +82,11 @@ func TestStateDataDriven(t *testing.T) {
 				for _, id := range list("dead") {
 					dead[id] = true
 				}
-				r := s.locate(tn, nn, list("chain"), func(id string) bool { return dead[id] })
+				var chain [][]byte
+				for _, k := range list("chain") {
+					chain = append(chain, []byte(k))
+				}
+				r := s.locate(tn, nn, chain, func(id string) bool { return dead[id] })
 				return fmt.Sprintf("nodes=%v deepest=%d by %v pool=%d", r.Nodes, r.Deepest, r.DeepestNodes, r.PoolPrefix)
 			case "dump":
 				c := s.content()

@@ -1,0 +1,63 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/test/cluster"
+)
+
+// BenchmarkClusterLocateRPC measures the AdminService ClusterLocate RPC on
+// loopback for a 128-key chain, against a daemon whose mirror holds 1M
+// location records (published into etcd by a bulk member), and reports
+// its latency p50 and p99 over 20k calls.
+//
+//	go test -run x -bench ClusterLocateRPC -benchtime 1x ./test
+func BenchmarkClusterLocateRPC(b *testing.B) {
+	const records = 1_000_000
+	c := cluster.New(b, cluster.Config{Nodes: 1})
+	bulk, err := metadata.NewMember(metadata.MemberConfig{
+		Client: c.EtcdClient(), Record: metadata.NodeRecord{ID: "bulk"},
+		Snapshot: func(func(string, string, []byte) bool) {},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); bulk.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	keys := make([][]byte, records)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "%032x", i)
+	}
+	c.Eventually("the bulk member to register", 10*time.Second, func() bool { return bulk.Epoch() != 0 })
+	for _, k := range keys {
+		bulk.Added([]byte("acme"), []byte("llama3-8b"), k)
+	}
+	c.Eventually("node-0's mirror to hold 1M records", 60*time.Second, func() bool {
+		return c.Nodes[0].Node.Mirror().Stats().Blocks == records
+	})
+	admin := kvpoolv1.NewAdminServiceClient(c.Client(0, api.PathData).Conn())
+	req := &kvpoolv1.ClusterLocateRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys[500_000 : 500_000+128]}
+	for b.Loop() {
+		lat := make([]time.Duration, 20000)
+		for i := range lat {
+			t0 := time.Now()
+			r, err := admin.ClusterLocate(ctx, req)
+			lat[i] = time.Since(t0)
+			if err != nil || r.GetDeepestBlocks() != 128 {
+				b.Fatalf("locate: %v %v", r, err)
+			}
+		}
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	}
+}

@@ -305,7 +305,7 @@ func (m *Member) register(ctx context.Context) error {
 	m.mu.epoch = int64(g.ID)
 	m.mu.queue, m.mu.needSnapshot = nil, true
 	m.mu.Unlock()
-	m.log.Info("registered", "epoch", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.cfg.LeaseTTL)
+	m.log.Info("registered", "epoch", fmt.Sprintf("%x", int64(g.ID)), "ttl", m.cfg.LeaseTTL.String())
 	return m.flush(ctx)
 }
 

@@ -84,6 +84,7 @@ type server struct {
 	addr    string
 	metrics string
 	shm     string
+	etcd    string // the embedded etcd's client URL, when it started one
 	done    chan error
 }
 
@@ -111,6 +112,9 @@ func startServe(t *testing.T, extra ...string) *server {
 		found := false
 		for lines.Scan() {
 			var rec map[string]any
+			if json.Unmarshal(lines.Bytes(), &rec) == nil && rec["msg"] == "embedded etcd serving" {
+				s.etcd, _ = rec["client_url"].(string)
+			}
 			if json.Unmarshal(lines.Bytes(), &rec) == nil && rec["msg"] == "kvpool node starting" && !found {
 				s.addr, _ = rec["listen"].(string)
 				s.metrics, _ = rec["metrics"].(string)
@@ -393,5 +397,90 @@ func TestBenchSmoke(t *testing.T) {
 		if !strings.Contains(r.stderr, "100%") {
 			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)
 		}
+	}
+}
+
+func TestAdminCLI(t *testing.T) {
+	a := startServe(t, "--capacity", "32MiB")
+	if a.etcd == "" {
+		t.Fatal("the first daemon did not report its embedded etcd")
+	}
+	b := startServe(t, "--capacity", "32MiB", "--node-id", "e2e-second", "--etcd-endpoints", a.etcd, "--zone", "rack-b")
+	// Store a chain computed from tokens on b.
+	tokens := filepath.Join(t.TempDir(), "prompt.txt")
+	os.WriteFile(tokens, []byte("1 2 3 4 5 6 7 8 9 10 11 12 13 14"), 0o644)
+	r := mustOK(t, kv(t, nil, "chain", "--tokens-file", tokens, "--block-tokens", "4", "--csv"))
+	keys := strings.Split(strings.TrimSpace(r.stdout), ",")
+	if len(keys) != 3 {
+		t.Fatalf("chain: %q", r.stdout)
+	}
+	for _, k := range keys[:2] {
+		mustOK(t, kv(t, []byte("kv bytes"), "put", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--key", k))
+	}
+	// Ask a (not b) where they are, by tokens and by keys.
+	var loc map[string]any
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r = mustOK(t, kv(t, nil, "admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--tokens-file", tokens, "--block-tokens", "4", "--json"))
+		json.Unmarshal([]byte(r.stdout), &loc)
+		if loc["deepest_blocks"] == float64(2) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin locate never saw the chain: %s", r.stdout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if loc["chain_blocks"] != float64(3) || fmt.Sprint(loc["deepest_nodes"]) != "[e2e-second]" || loc["pool_prefix_blocks"] != float64(2) {
+		t.Fatalf("admin locate --json: %s", r.stdout)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--keys", strings.Join(keys, ",")))
+	if !strings.Contains(r.stdout, "e2e-second") || !strings.Contains(r.stdout, "deepest prefix: 2 blocks on e2e-second") {
+		t.Fatalf("admin locate table: %s", r.stdout)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "blocks", "--server", a.addr, "--node", "e2e-second", "--json"))
+	if !strings.Contains(r.stdout, keys[0]) || !strings.Contains(r.stdout, `"total": 2`) {
+		t.Fatalf("admin blocks: %s", r.stdout)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		r = mustOK(t, kv(t, nil, "admin", "nodes", "--server", a.addr, "--json"))
+		if strings.Count(r.stdout, `"gossip_state": "alive"`) == 2 && strings.Count(r.stdout, `"etcd_state": "registered"`) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin nodes never showed both nodes alive: %s", r.stdout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "nodes", "--server", b.addr))
+	if !strings.Contains(r.stdout, "GOSSIP") || !strings.Contains(r.stdout, "rack-b") {
+		t.Fatalf("admin nodes table: %s", r.stdout)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "stats", "--server", a.addr, "--json"))
+	var st map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st["nodes"] != float64(2) || st["mirror_blocks"] != float64(2) {
+		t.Fatalf("admin stats: %v %s", err, r.stdout)
+	}
+	mustOK(t, kv(t, nil, "admin", "stats", "--server", a.addr))
+	// Bad admin flags are usage errors.
+	for _, args := range [][]string{
+		{"admin"},
+		{"admin", "locate", "--server", a.addr},
+		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m"},
+		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", "a", "--tokens-file", tokens},
+		{"admin", "locate", "--server", a.addr, "--tenant", "a b", "--namespace", "m", "--keys", "a"},
+		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--tokens-file", tokens, "--block-tokens", "0"},
+		{"admin", "blocks", "--server", a.addr},
+		{"admin", "nodes", "--bogus"},
+		{"admin", "frobnicate"},
+	} {
+		if r := kv(t, nil, args...); r.code != 2 || r.stderr == "" {
+			t.Errorf("kvpool %v: exit %d, stderr %q; want exit 2", args, r.code, r.stderr)
+		}
+	}
+	// A node that does not exist is an error, not a usage error.
+	if r := kv(t, nil, "admin", "blocks", "--server", a.addr, "--node", "ghost"); r.code != 1 || !strings.Contains(r.stderr, "no node") {
+		t.Errorf("blocks of a ghost node: exit %d, %q", r.code, r.stderr)
 	}
 }

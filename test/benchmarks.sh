@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind the README's tables and prints one line per
 # figure. Each kvpool ratio is against a baseline measured in the same run.
-# Takes about six minutes on 2 vCPUs. Needs redis-server and
+# Takes about seven minutes on 2 vCPUs. Needs redis-server and
 # redis-benchmark for the last part (apt-get install redis-server redis-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,5 +54,9 @@ echo "== allocator under churn"
 go test -run x -bench Fragmentation -benchtime 1x ./pool | grep Benchmark
 echo "== CRC-32C"
 go test -run x -bench Checksum ./api | grep Benchmark
+echo "== cluster metadata: publication, mirror lag, Locate, mirror memory"
+go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Benchmark
+go test -run x -bench 'Locate$' ./metadata | grep Benchmark
+go test -run x -bench ClusterLocateRPC -benchtime 1x ./test | grep Benchmark
 echo "== against Redis"
 go run ./test/redisbench --kvpool "$bin" --block-size 2MiB --clients 1,4 --duration 4s

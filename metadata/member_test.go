@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 func startEtcd(t testing.TB) *Embedded {
@@ -278,4 +281,35 @@ func TestMirrorLoadSkipsMalformedRecords(t *testing.T) {
 		t.Fatalf("a loading mirror skipped %d records, want 5", got)
 	}
 	converged(t, cli, fresh, a)
+}
+
+func TestPolicies(t *testing.T) {
+	e := startEtcd(t)
+	p := NewPolicies(newClient(t, e.ClientURL()), "")
+	ctx := context.Background()
+	if err := p.Put(ctx, "acme", []byte(`{"policy":"lru","quota_bytes":1073741824}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(ctx, "beta", []byte(`{"policy":"fifo"}`)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Get(ctx, "acme")
+	if err != nil || string(got) != `{"policy":"lru","quota_bytes":1073741824}` {
+		t.Fatalf("get: %s %v", got, err)
+	}
+	all, err := p.List(ctx)
+	if err != nil || len(all) != 2 || string(all["beta"]) != `{"policy":"fifo"}` {
+		t.Fatalf("list: %v %v", all, err)
+	}
+	if err := p.Delete(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx, "beta"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	for _, bad := range []struct{ tenant, policy string }{{"a/b", `{}`}, {"ok", `{not json`}, {"", `{}`}} {
+		if err := p.Put(ctx, bad.tenant, []byte(bad.policy)); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("put %q %q: %v, want InvalidArgument", bad.tenant, bad.policy, err)
+		}
+	}
 }

@@ -57,3 +57,29 @@ func TestClusterLocality(t *testing.T) {
 		}
 	}
 }
+
+// An engine reports its load to its daemon; gossip carries it to every
+// daemon, where admin nodes shows it.
+func TestReportLoadReachesEveryDaemon(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3})
+	eng := c.Client(1, api.PathData)
+	if _, err := eng.RPC().ReportLoad(context.Background(), &kvpoolv1.ReportLoadRequest{QueueSeconds: 0.25, PrefillTokensPerSecond: 35739}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.RPC().ReportLoad(context.Background(), &kvpoolv1.ReportLoadRequest{QueueSeconds: -1}); api.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("negative queue time: %v", err)
+	}
+	admin := kvpoolv1.NewAdminServiceClient(c.Client(2, api.PathData).Conn())
+	c.Eventually("node-2 to see node-1's engine load", 10*time.Second, func() bool {
+		r, err := admin.ListNodes(context.Background(), &kvpoolv1.ListNodesRequest{})
+		if err != nil {
+			return false
+		}
+		for _, n := range r.GetNodes() {
+			if n.GetNodeId() == "node-1" && n.GetQueueSeconds() == 0.25 && n.GetPrefillTokensPerSecond() == 35739 && n.GetGossipState() == "alive" {
+				return true
+			}
+		}
+		return false
+	})
+}

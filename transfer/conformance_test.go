@@ -1,0 +1,221 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pair is a client transport and the address of a peer serving region 7.
+type pair struct {
+	client Transport
+	peer   string
+	mem    []byte // region 7 on the peer
+}
+
+type factory func(t *testing.T, mem []byte) pair
+
+// serveTCP runs a tcp transport's server side on a loopback listener.
+func serveTCP(t *testing.T, server *TCP) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				var pre [8]byte
+				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
+					return
+				}
+				server.ServeConn(ctx, c)
+			})
+		}
+	})
+	t.Cleanup(func() { cancel(); ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
+
+func tcpFactory(cfg TCPConfig) factory {
+	return func(t *testing.T, mem []byte) pair {
+		server := NewTCP(TCPConfig{})
+		if err := server.Register(7, mem); err != nil {
+			t.Fatal(err)
+		}
+		addr := serveTCP(t, server)
+		client := NewTCP(cfg)
+		t.Cleanup(func() { client.Close(); server.Close() })
+		return pair{client: client, peer: addr, mem: mem}
+	}
+}
+
+func pattern(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, 1))
+	for i := 0; i+8 <= n; i += 8 {
+		x := r.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(x >> (8 * j))
+		}
+	}
+	return b
+}
+
+// runConformance is the suite every transport passes.
+func runConformance(t *testing.T, newPair factory) {
+	ctx := context.Background()
+	t.Run("tiny and huge reads", func(t *testing.T) {
+		mem := pattern(96<<20, 1)
+		p := newPair(t, mem)
+		for _, r := range []struct{ off, n int }{{5, 1}, {0, 0}, {4095, 2}, {1 << 20, 64 << 20}, {len(mem) - 3, 3}} {
+			local := make([]byte, r.n)
+			b := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(r.off), Local: local}})
+			if err := b.Wait(ctx); err != nil {
+				t.Fatalf("read [%d,+%d): %v", r.off, r.n, err)
+			}
+			if !bytes.Equal(local, mem[r.off:r.off+r.n]) {
+				t.Fatalf("read [%d,+%d): wrong bytes", r.off, r.n)
+			}
+			if b.Bytes() != uint64(r.n) {
+				t.Fatalf("batch moved %d bytes, want %d", b.Bytes(), r.n)
+			}
+		}
+	})
+	t.Run("many ops keep their order and data", func(t *testing.T) {
+		mem := pattern(8<<20, 2)
+		p := newPair(t, mem)
+		var ops []Op
+		for i := range 200 {
+			off := (i * 40009) % (len(mem) - 5000)
+			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(off), Local: make([]byte, 1+i*23)})
+		}
+		b := p.client.Submit(ctx, ops)
+		if done, _ := b.Poll(); done {
+			t.Log("batch completed before the first poll")
+		}
+		if err := b.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, op := range ops {
+			if !bytes.Equal(op.Local, mem[op.Offset:op.Offset+uint64(len(op.Local))]) {
+				t.Fatalf("op %d: wrong bytes", i)
+			}
+		}
+	})
+	t.Run("writes land and read back", func(t *testing.T) {
+		mem := make([]byte, 4<<20)
+		p := newPair(t, mem)
+		data := pattern(3<<20+17, 3)
+		if err := p.client.Submit(ctx, []Op{{Kind: Write, Peer: p.peer, Region: 7, Offset: 100, Local: data}}).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		back := make([]byte, len(data))
+		if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: 100, Local: back}}).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(back, data) {
+			t.Fatal("written bytes read back wrong")
+		}
+	})
+	t.Run("partial failure fails only the bad ops", func(t *testing.T) {
+		mem := pattern(1<<20, 4)
+		p := newPair(t, mem)
+		ops := []Op{
+			{Kind: Read, Peer: p.peer, Region: 7, Offset: 0, Local: make([]byte, 1000)},
+			{Kind: Read, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 10)},
+			{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(len(mem) - 5), Local: make([]byte, 10)},
+			{Kind: Write, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 3000)},
+			{Kind: Read, Peer: p.peer, Region: 7, Offset: 500, Local: make([]byte, 2<<20 - 600)[:400000]},
+		}
+		b := p.client.Submit(ctx, ops)
+		if err := b.Wait(ctx); err == nil {
+			t.Fatal("a batch with bad ops reported no error")
+		}
+		for i, want := range []error{nil, ErrNoRegion, ErrNoRegion, ErrNoRegion, nil} {
+			if got := b.OpErr(i); (want == nil) != (got == nil) || (want != nil && !errors.Is(got, want)) {
+				t.Errorf("op %d: %v, want %v", i, got, want)
+			}
+		}
+		if !bytes.Equal(ops[0].Local, mem[:1000]) || !bytes.Equal(ops[4].Local, mem[500:500+400000]) {
+			t.Fatal("good ops next to bad ones got wrong bytes")
+		}
+	})
+	t.Run("cancellation ends a batch promptly", func(t *testing.T) {
+		mem := pattern(64<<20, 5)
+		p := newPair(t, mem)
+		cctx, cancel := context.WithCancel(ctx)
+		var ops []Op
+		for range 16 {
+			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: 0, Local: make([]byte, 64<<20)})
+		}
+		b := p.client.Submit(cctx, ops)
+		cancel()
+		select {
+		case <-b.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a cancelled batch did not complete")
+		}
+		// The transport recovers for the next batch.
+		local := make([]byte, 1<<20)
+		if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: local}}).Wait(ctx); err != nil {
+			t.Fatalf("after a cancellation: %v", err)
+		}
+		if !bytes.Equal(local, mem[:1<<20]) {
+			t.Fatal("after a cancellation: wrong bytes")
+		}
+	})
+	t.Run("concurrent batches", func(t *testing.T) {
+		mem := pattern(16<<20, 6)
+		p := newPair(t, mem)
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 20 {
+					off := uint64((g*1_000_003 + i*77_777) % (len(mem) - 300_000))
+					local := make([]byte, 1+(g*i*9973)%300_000)
+					if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: off, Local: local}}).Wait(ctx); err != nil {
+						t.Errorf("goroutine %d: %v", g, err)
+						return
+					}
+					if !bytes.Equal(local, mem[off:off+uint64(len(local))]) {
+						t.Errorf("goroutine %d batch %d: wrong bytes", g, i)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	})
+	t.Run("unreachable peer", func(t *testing.T) {
+		p := newPair(t, make([]byte, 10))
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		dead := ln.Addr().String()
+		ln.Close()
+		err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: dead, Region: 7, Local: make([]byte, 5)}}).Wait(ctx)
+		if !errors.Is(err, ErrPeer) {
+			t.Fatalf("read from a dead address: %v, want ErrPeer", err)
+		}
+	})
+}
+
+func TestTCPConformance(t *testing.T) {
+	runConformance(t, tcpFactory(TCPConfig{}))
+}
+
+func TestTCPConformanceOneConnTinySlices(t *testing.T) {
+	runConformance(t, tcpFactory(TCPConfig{ConnsPerPeer: 1, SliceBytes: 4096}))
+}

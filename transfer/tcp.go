@@ -1,0 +1,514 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// TCPPreamble opens a transfer connection; a node's listener routes
+// connections that start with it to ServeConn.
+var TCPPreamble = [8]byte{'K', 'V', 'P', 'T', 1, 0, 0, 0}
+
+// TCPConfig configures the tcp transport.
+type TCPConfig struct {
+	// ConnsPerPeer is how many connections carry each peer's traffic;
+	// slices of a batch are striped across them. Default 2.
+	ConnsPerPeer int
+	// SliceBytes cuts ops into slices of at most this many bytes, so one
+	// large op spreads over every connection. Default 1 MiB.
+	SliceBytes int
+	// DialTimeout bounds connecting to a peer. Default 2 s.
+	DialTimeout time.Duration
+	// Logger receives the transport's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// TCP is the framed TCP transport. Requests name (region, offset,
+// length); a read's response carries the bytes, written by the server
+// straight from the region and read by the client straight into the op's
+// buffer, so each side copies once, as raw TCP does.
+type TCP struct {
+	cfg TCPConfig
+	log *slog.Logger
+	regions
+
+	mu     sync.Mutex
+	peers  map[string]*tcpPeer
+	closed bool
+	wg     sync.WaitGroup
+}
+
+var _ Transport = (*TCP)(nil)
+
+// NewTCP returns a tcp transport.
+func NewTCP(cfg TCPConfig) *TCP {
+	if cfg.ConnsPerPeer <= 0 {
+		cfg.ConnsPerPeer = 2
+	}
+	if cfg.SliceBytes <= 0 {
+		cfg.SliceBytes = 1 << 20
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &TCP{cfg: cfg, log: cfg.Logger.With("component", "transfer", "transport", "tcp"), peers: map[string]*tcpPeer{}}
+}
+
+// Name implements Transport.
+func (t *TCP) Name() string { return "tcp" }
+
+// Register implements Transport.
+func (t *TCP) Register(id RegionID, mem []byte) error { return t.register(id, mem) }
+
+// Deregister implements Transport.
+func (t *TCP) Deregister(id RegionID) { t.deregister(id) }
+
+// Frame layouts, little-endian.
+//
+//	request  kind u8, 3 zero bytes, region u32, offset u64, length u64  (24 B)
+//	response status u8, 7 zero bytes, length u64                        (16 B)
+//
+// A write's request is followed by its bytes; a successful read's
+// response is followed by its bytes. Status 0 is success, 1 a missing
+// region or range.
+const (
+	tcpReqBytes  = 24
+	tcpRespBytes = 16
+)
+
+// slice is one request on one connection: a piece of an op.
+type slice struct {
+	b       *Batch
+	op      int
+	opBytes uint64
+	kind    Kind
+	region  RegionID
+	offset  uint64
+	local   []byte
+	opLeft  *atomic.Int32 // slices of the op still pending
+	opErr   *atomic.Pointer[error]
+}
+
+func (s *slice) finish(err error) {
+	if err != nil {
+		s.opErr.CompareAndSwap(nil, &err)
+	}
+	if s.opLeft.Add(-1) == 0 {
+		if p := s.opErr.Load(); p != nil {
+			s.b.Complete(s.op, 0, *p)
+		} else {
+			s.b.Complete(s.op, s.opBytes, nil)
+		}
+	}
+}
+
+// Submit implements Transport.
+func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
+	b := NewBatch(len(ops))
+	// One allocation per batch for all its slices: none per slice.
+	n := 0
+	for _, op := range ops {
+		n += max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
+	}
+	slices := make([]slice, 0, n)
+	lefts := make([]atomic.Int32, len(ops))
+	errs := make([]atomic.Pointer[error], len(ops))
+	type route struct {
+		conn *tcpConn
+		s    []*slice
+	}
+	var routes []route
+	byConn := map[*tcpConn]int{}
+	for i, op := range ops {
+		if op.Kind != Read && op.Kind != Write {
+			b.Complete(i, 0, fmt.Errorf("transfer: op %d: kind %v", i, op.Kind))
+			continue
+		}
+		peer, err := t.peer(op.Peer)
+		if err != nil {
+			b.Complete(i, 0, err)
+			continue
+		}
+		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
+		lefts[i].Store(int32(pieces))
+		for p := range pieces {
+			lo := min(p*t.cfg.SliceBytes, len(op.Local))
+			hi := min(lo+t.cfg.SliceBytes, len(op.Local))
+			slices = append(slices, slice{b: b, op: i, opBytes: uint64(len(op.Local)), kind: op.Kind, region: op.Region,
+				offset: op.Offset + uint64(lo), local: op.Local[lo:hi:hi], opLeft: &lefts[i], opErr: &errs[i]})
+			c := peer.next()
+			k, ok := byConn[c]
+			if !ok {
+				k = len(routes)
+				byConn[c] = k
+				routes = append(routes, route{conn: c})
+			}
+			routes[k].s = append(routes[k].s, &slices[len(slices)-1])
+		}
+	}
+	for _, r := range routes {
+		r.conn.enqueue(r.s)
+	}
+	if ctx.Done() != nil && len(routes) > 0 {
+		stop := context.AfterFunc(ctx, func() {
+			// Like an RDMA queue pair going to the error state: the
+			// connections carrying this batch are torn down and every op
+			// on them fails (other batches on them too; they may retry).
+			for _, r := range routes {
+				r.conn.fail(fmt.Errorf("transfer: %w", ctx.Err()))
+			}
+		})
+		go func() {
+			<-b.done
+			stop()
+		}()
+	}
+	return b
+}
+
+// tcpPeer holds the connections to one peer.
+type tcpPeer struct {
+	t     *TCP
+	addr  string
+	mu    sync.Mutex
+	conns []*tcpConn
+	rr    atomic.Uint32
+}
+
+func (t *TCP) peer(addr string) (*tcpPeer, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, ErrClosed
+	}
+	p, ok := t.peers[addr]
+	if !ok {
+		p = &tcpPeer{t: t, addr: addr, conns: make([]*tcpConn, t.cfg.ConnsPerPeer)}
+		t.peers[addr] = p
+	}
+	return p, nil
+}
+
+// next returns a connection round-robin, replacing a broken one with a new
+// one (dialed by its own goroutine).
+func (p *tcpPeer) next() *tcpConn {
+	i := int(p.rr.Add(1)) % len(p.conns)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.conns[i]
+	if c == nil || c.broken.Load() {
+		c = newTCPConn(p.t, p.addr)
+		p.conns[i] = c
+	}
+	return c
+}
+
+// tcpConn is one connection: a writer goroutine sends requests, a reader
+// goroutine matches the responses to them, in order.
+type tcpConn struct {
+	t    *TCP
+	addr string
+
+	mu    sync.Mutex
+	queue []*slice // to send
+
+	wake    chan struct{} // the writer has work
+	sent    chan *slice   // sent and awaiting a response, in order
+	closing chan struct{} // closed by fail
+	once    sync.Once
+	broken  atomic.Bool
+	errMu   sync.Mutex
+	err     error
+	ready   chan struct{} // c is set (or the dial failed)
+	c       net.Conn
+}
+
+func newTCPConn(t *TCP, addr string) *tcpConn {
+	c := &tcpConn{t: t, addr: addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
+		closing: make(chan struct{}), ready: make(chan struct{})}
+	t.wg.Go(c.run)
+	return c
+}
+
+func (c *tcpConn) enqueue(s []*slice) {
+	c.mu.Lock()
+	if c.broken.Load() {
+		c.mu.Unlock()
+		for _, x := range s {
+			x.finish(c.error())
+		}
+		return
+	}
+	c.queue = append(c.queue, s...)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *tcpConn) error() error {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	if c.err == nil {
+		return fmt.Errorf("%w: %s", ErrPeer, c.addr)
+	}
+	return c.err
+}
+
+// fail breaks the connection; its goroutines then fail every slice it
+// holds.
+func (c *tcpConn) fail(err error) {
+	c.errMu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.errMu.Unlock()
+	c.mu.Lock()
+	c.broken.Store(true)
+	c.mu.Unlock()
+	c.once.Do(func() { close(c.closing) })
+	<-c.ready
+	if c.c != nil {
+		c.c.Close()
+	}
+}
+
+func (c *tcpConn) run() {
+	d := net.Dialer{Timeout: c.t.cfg.DialTimeout}
+	nc, err := d.Dial("tcp", c.addr)
+	if err == nil {
+		if tc, ok := nc.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		_, err = nc.Write(TCPPreamble[:])
+		if err != nil {
+			nc.Close()
+		}
+	}
+	if err != nil {
+		close(c.ready)
+		c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+		c.drain()
+		return
+	}
+	c.c = nc
+	close(c.ready)
+	done := make(chan struct{})
+	go func() { defer close(done); c.readLoop(nc) }()
+	c.writeLoop(nc)
+	<-done
+	nc.Close()
+	c.drain()
+}
+
+// drain fails whatever is still queued or awaiting a response.
+func (c *tcpConn) drain() {
+	err := c.error()
+	c.mu.Lock()
+	q := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	for _, s := range q {
+		s.finish(err)
+	}
+	for {
+		select {
+		case s := <-c.sent:
+			s.finish(err)
+		default:
+			return
+		}
+	}
+}
+
+func (c *tcpConn) writeLoop(nc net.Conn) {
+	var hdr [tcpReqBytes]byte
+	for {
+		c.mu.Lock()
+		q := c.queue
+		c.queue = nil
+		c.mu.Unlock()
+		if len(q) == 0 {
+			select {
+			case <-c.closing:
+				return
+			case <-c.wake:
+				continue
+			}
+		}
+		for i, s := range q {
+			select {
+			case c.sent <- s:
+			case <-c.closing:
+				for _, rest := range q[i:] {
+					rest.finish(c.error())
+				}
+				return
+			}
+			hdr[0] = byte(s.kind)
+			binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
+			binary.LittleEndian.PutUint64(hdr[8:], s.offset)
+			binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
+			var err error
+			if s.kind == Write {
+				bufs := net.Buffers{hdr[:], s.local}
+				_, err = bufs.WriteTo(nc)
+			} else {
+				_, err = nc.Write(hdr[:])
+			}
+			if err != nil {
+				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+				// s is in sent: drain fails it. The rest were never sent.
+				for _, rest := range q[i+1:] {
+					rest.finish(c.error())
+				}
+				return
+			}
+		}
+	}
+}
+
+func (c *tcpConn) readLoop(nc net.Conn) {
+	br := bufio.NewReaderSize(nc, 4<<10)
+	var hdr [tcpRespBytes]byte
+	for {
+		var s *slice
+		select {
+		case s = <-c.sent:
+		case <-c.closing:
+			return
+		}
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+			s.finish(c.error())
+			return
+		}
+		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
+		switch {
+		case status != 0:
+			s.finish(fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))
+		case s.kind == Read && n != uint64(len(s.local)):
+			c.fail(fmt.Errorf("%w: %s sent %d bytes for a %d-byte read", ErrPeer, c.addr, n, len(s.local)))
+			s.finish(c.error())
+			return
+		case s.kind == Read:
+			if _, err := readPieces(br, s.local); err != nil {
+				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+				s.finish(c.error())
+				return
+			}
+			s.finish(nil)
+		default:
+			s.finish(nil)
+		}
+	}
+}
+
+// readPieces fills dst in reads of at most 64 KiB, the size that drains a
+// socket fastest on our machines.
+func readPieces(r io.Reader, dst []byte) (int, error) {
+	off := 0
+	for off < len(dst) {
+		k, err := r.Read(dst[off:min(off+64<<10, len(dst))])
+		off += k
+		if err != nil && off < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return off, err
+		}
+	}
+	return off, nil
+}
+
+// ServeConn serves a peer's requests on c, after its preamble, until the
+// peer closes it or ctx ends. It returns when the connection is done.
+func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	br := bufio.NewReaderSize(c, 4<<10)
+	var req [tcpReqBytes]byte
+	var resp [tcpRespBytes]byte
+	var junk []byte
+	for {
+		if _, err := io.ReadFull(br, req[:]); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		kind, region := Kind(req[0]), RegionID(binary.LittleEndian.Uint32(req[4:]))
+		off, n := binary.LittleEndian.Uint64(req[8:]), binary.LittleEndian.Uint64(req[16:])
+		if (kind != Read && kind != Write) || req[1]|req[2]|req[3] != 0 {
+			return fmt.Errorf("transfer: malformed request from %s", c.RemoteAddr())
+		}
+		mem, err := t.slice(region, off, n)
+		clear(resp[:])
+		if err != nil {
+			resp[0] = 1
+			if kind == Write { // keep the stream in step
+				if junk == nil {
+					junk = make([]byte, 64<<10)
+				}
+				if _, err := io.CopyBuffer(io.Discard, io.LimitReader(br, int64(n)), junk); err != nil {
+					return err
+				}
+			}
+			if _, err := c.Write(resp[:]); err != nil {
+				return err
+			}
+			continue
+		}
+		if kind == Write {
+			if _, err := readPieces(br, mem); err != nil {
+				return err
+			}
+			if _, err := c.Write(resp[:]); err != nil {
+				return err
+			}
+			continue
+		}
+		binary.LittleEndian.PutUint64(resp[8:], n)
+		bufs := net.Buffers{resp[:], mem}
+		if _, err := bufs.WriteTo(c); err != nil {
+			return err
+		}
+	}
+}
+
+// Close fails every connection and waits for their goroutines.
+func (t *TCP) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	peers := t.peers
+	t.peers = nil
+	t.mu.Unlock()
+	for _, p := range peers {
+		p.mu.Lock()
+		for _, c := range p.conns {
+			if c != nil {
+				c.fail(ErrClosed)
+			}
+		}
+		p.mu.Unlock()
+	}
+	t.wg.Wait()
+	return nil
+}

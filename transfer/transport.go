@@ -1,0 +1,203 @@
+// Package transfer moves block bytes between nodes and measures every
+// link. The Transport interface is shaped like one-sided RDMA, so an RDMA
+// implementation can be added without changing callers:
+//
+//	RDMA verbs                          Transport
+//	ibv_reg_mr(pd, addr, len) → rkey    Register(id, mem): id plays the rkey
+//	ibv_dereg_mr                        Deregister(id)
+//	exchange (addr, rkey) out of band   the peer's Pin RPC returns (region, offset, length)
+//	ibv_post_send(RDMA_READ/WRITE)      Submit(ctx, ops): one work request per Op
+//	ibv_poll_cq / completion channel    Batch.Poll / Batch.Wait
+//	QP error state, flush               the ctx of Submit cancels the batch; ops fail
+//
+// As with RDMA, a peer's memory is named by (region, offset) and nothing
+// on the data path looks a block up by key: the control plane (pinning
+// blocks on the holder, which keeps their bytes in place) happens before,
+// and the bytes move without the holder's CPU touching them beyond the
+// kernel copy (tcp), a stream (grpc) or a memcpy by the reader (shm).
+//
+// The package also keeps per-link bandwidth and latency estimates (Links)
+// and holds the fetch-versus-recompute cost model's inputs. It imports api
+// only.
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// RegionID names registered memory, like an RDMA rkey.
+type RegionID uint32
+
+// Kind is an op's direction.
+type Kind uint8
+
+const (
+	kindInvalid Kind = iota
+	// Read copies the peer's bytes into Local (RDMA READ).
+	Read
+	// Write copies Local into the peer's memory (RDMA WRITE).
+	Write
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Read:
+		return "read"
+	case Write:
+		return "write"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Op is one one-sided transfer of len(Local) bytes between Local and the
+// peer's region at Offset.
+type Op struct {
+	Kind   Kind
+	Peer   string // the peer's transfer address
+	Region RegionID
+	Offset uint64
+	// Local is the caller's buffer. It MUST NOT be touched until the batch
+	// completes.
+	Local []byte
+}
+
+// Transport moves bytes one-sidedly between registered memory on peers and
+// local buffers. Implementations are safe for concurrent use.
+type Transport interface {
+	// Name is "tcp", "grpc" or "shm".
+	Name() string
+	// Register exposes mem to peers as region id until Deregister.
+	Register(id RegionID, mem []byte) error
+	// Deregister withdraws region id; later ops on it fail.
+	Deregister(id RegionID)
+	// Submit starts ops and returns at once. Cancelling ctx fails the ops
+	// still in flight.
+	Submit(ctx context.Context, ops []Op) *Batch
+	// Close stops the transport; pending batches fail.
+	Close() error
+}
+
+// Errors transports report per op. They wrap api errors at the edges.
+var (
+	// ErrNoRegion: the peer has no such region, or the range is outside it.
+	ErrNoRegion = errors.New("transfer: no such region or range")
+	// ErrPeer: the peer could not be reached or failed mid-transfer.
+	ErrPeer = errors.New("transfer: peer unavailable")
+	// ErrClosed: the transport is closed.
+	ErrClosed = errors.New("transfer: transport closed")
+)
+
+// Batch is a submitted set of ops. It completes when every op has.
+type Batch struct {
+	done    chan struct{}
+	mu      sync.Mutex
+	errs    []error
+	pending int
+	bytes   uint64
+}
+
+// NewBatch returns a batch of n ops; implementations call Complete once
+// per op.
+func NewBatch(n int) *Batch {
+	b := &Batch{done: make(chan struct{}), errs: make([]error, n), pending: n}
+	if n == 0 {
+		close(b.done)
+	}
+	return b
+}
+
+// Complete records op i's outcome and how many bytes it moved.
+func (b *Batch) Complete(i int, moved uint64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.errs[i] = err
+	b.bytes += moved
+	b.pending--
+	if b.pending == 0 {
+		close(b.done)
+	}
+}
+
+// Done is closed when every op has completed.
+func (b *Batch) Done() <-chan struct{} { return b.done }
+
+// Poll reports whether the batch is complete and, if so, its error.
+func (b *Batch) Poll() (bool, error) {
+	select {
+	case <-b.done:
+		return true, b.Err()
+	default:
+		return false, nil
+	}
+}
+
+// Wait blocks until the batch completes or ctx ends, and returns every
+// op's error joined.
+func (b *Batch) Wait(ctx context.Context) error {
+	select {
+	case <-b.done:
+		return b.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Err joins the ops' errors; nil while pending ops have none yet.
+func (b *Batch) Err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return errors.Join(b.errs...)
+}
+
+// OpErr returns op i's error.
+func (b *Batch) OpErr(i int) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.errs[i]
+}
+
+// Bytes returns how many bytes completed ops moved.
+func (b *Batch) Bytes() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.bytes
+}
+
+// regions is the registry every transport keeps on its serving side.
+type regions struct {
+	mu sync.RWMutex
+	m  map[RegionID][]byte
+}
+
+func (r *regions) register(id RegionID, mem []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[RegionID][]byte{}
+	}
+	if _, ok := r.m[id]; ok {
+		return fmt.Errorf("transfer: region %d is already registered", id)
+	}
+	r.m[id] = mem
+	return nil
+}
+
+func (r *regions) deregister(id RegionID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, id)
+}
+
+// slice returns [off, off+n) of region id.
+func (r *regions) slice(id RegionID, off, n uint64) ([]byte, error) {
+	r.mu.RLock()
+	mem, ok := r.m[id]
+	r.mu.RUnlock()
+	if !ok || off > uint64(len(mem)) || n > uint64(len(mem))-off {
+		return nil, fmt.Errorf("%w: region %d [%d, +%d)", ErrNoRegion, id, off, n)
+	}
+	return mem[off : off+n : off+n], nil
+}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // pair is a client transport and the address of a peer serving region 7.
@@ -139,7 +141,7 @@ func runConformance(t *testing.T, newPair factory) {
 			{Kind: Read, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 10)},
 			{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(len(mem) - 5), Local: make([]byte, 10)},
 			{Kind: Write, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 3000)},
-			{Kind: Read, Peer: p.peer, Region: 7, Offset: 500, Local: make([]byte, 2<<20 - 600)[:400000]},
+			{Kind: Read, Peer: p.peer, Region: 7, Offset: 500, Local: make([]byte, 2<<20-600)[:400000]},
 		}
 		b := p.client.Submit(ctx, ops)
 		if err := b.Wait(ctx); err == nil {
@@ -218,4 +220,31 @@ func TestTCPConformance(t *testing.T) {
 
 func TestTCPConformanceOneConnTinySlices(t *testing.T) {
 	runConformance(t, tcpFactory(TCPConfig{ConnsPerPeer: 1, SliceBytes: 4096}))
+}
+
+func grpcFactory(cfg GRPCConfig) factory {
+	return func(t *testing.T, mem []byte) pair {
+		server := NewGRPC(GRPCConfig{})
+		if err := server.Register(7, mem); err != nil {
+			t.Fatal(err)
+		}
+		s := grpc.NewServer(ServerOptions()...)
+		server.RegisterServer(s)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Serve(ln)
+		client := NewGRPC(cfg)
+		t.Cleanup(func() { client.Close(); s.Stop(); server.Close() })
+		return pair{client: client, peer: ln.Addr().String(), mem: mem}
+	}
+}
+
+func TestGRPCConformance(t *testing.T) {
+	runConformance(t, grpcFactory(GRPCConfig{}))
+}
+
+func TestGRPCConformanceTwoStreamsPerOp(t *testing.T) {
+	runConformance(t, grpcFactory(GRPCConfig{StreamsPerOp: 2}))
 }

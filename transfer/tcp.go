@@ -335,7 +335,9 @@ func (c *tcpConn) drain() {
 }
 
 func (c *tcpConn) writeLoop(nc net.Conn) {
-	var hdr [tcpReqBytes]byte
+	// Read requests are 24 bytes each: they are gathered and written with
+	// one syscall; a write request goes out with its bytes in one writev.
+	var hdrs []byte
 	for {
 		c.mu.Lock()
 		q := c.queue
@@ -349,6 +351,18 @@ func (c *tcpConn) writeLoop(nc net.Conn) {
 				continue
 			}
 		}
+		hdrs = hdrs[:0]
+		flush := func(bufs net.Buffers) error {
+			if len(hdrs) > 0 {
+				bufs = append(net.Buffers{hdrs}, bufs...)
+			}
+			hdrs = hdrs[:0]
+			if len(bufs) == 0 {
+				return nil
+			}
+			_, err := bufs.WriteTo(nc)
+			return err
+		}
 		for i, s := range q {
 			select {
 			case c.sent <- s:
@@ -358,20 +372,23 @@ func (c *tcpConn) writeLoop(nc net.Conn) {
 				}
 				return
 			}
+			var hdr [tcpReqBytes]byte
 			hdr[0] = byte(s.kind)
 			binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
 			binary.LittleEndian.PutUint64(hdr[8:], s.offset)
 			binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
+			hdrs = append(hdrs, hdr[:]...)
 			var err error
-			if s.kind == Write {
-				bufs := net.Buffers{hdr[:], s.local}
-				_, err = bufs.WriteTo(nc)
-			} else {
-				_, err = nc.Write(hdr[:])
+			switch {
+			case s.kind == Write:
+				err = flush(net.Buffers{s.local})
+			case i == len(q)-1 || len(hdrs) >= 64*tcpReqBytes:
+				err = flush(nil)
 			}
 			if err != nil {
 				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
-				// s is in sent: drain fails it. The rest were never sent.
+				// Slices up to s are in sent: drain fails them. The rest
+				// were never sent.
 				for _, rest := range q[i+1:] {
 					rest.finish(c.error())
 				}

@@ -1,0 +1,345 @@
+package transfer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+)
+
+// The grpc transport moves bytes over gRPC streams with a raw-bytes codec
+// (rawCodec): a message is the bytes themselves, sent without a protobuf
+// marshal copy and received straight into the op's buffer. Stock protobuf
+// over grpc-go tops out near 1 GB/s for 2 MiB messages here; the raw codec
+// with large flow-control windows about doubles that.
+
+// rawCodecName is the content subtype: application/grpc+kvpool-raw.
+const rawCodecName = "kvpool-raw"
+
+// rawFrame is every message of the Transfer service. To send, b is the
+// bytes. To receive, dst (when set) is where the bytes go, and n how many
+// arrived; without dst they are copied into b.
+type rawFrame struct {
+	b   []byte
+	dst []byte
+	n   int
+}
+
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return rawCodecName }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	f, ok := v.(*rawFrame)
+	if !ok {
+		return nil, fmt.Errorf("transfer: raw codec cannot marshal %T", v)
+	}
+	return mem.BufferSlice{mem.SliceBuffer(f.b)}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	f, ok := v.(*rawFrame)
+	if !ok {
+		return fmt.Errorf("transfer: raw codec cannot unmarshal into %T", v)
+	}
+	n := data.Len()
+	if f.dst != nil {
+		if n > len(f.dst) {
+			return fmt.Errorf("transfer: %d bytes for a %d-byte buffer", n, len(f.dst))
+		}
+		data.CopyTo(f.dst)
+		f.n = n
+		return nil
+	}
+	f.b = data.Materialize()
+	f.n = n
+	return nil
+}
+
+func init() { encoding.RegisterCodecV2(rawCodec{}) }
+
+const (
+	grpcService    = "kvpool.transfer.v1.Transfer"
+	grpcChunkBytes = 1 << 20
+	grpcWindow     = 16 << 20
+)
+
+// grpcHeader is a request: kind, region, offset, length (24 bytes).
+func grpcHeader(op *Op, offset uint64, n int) []byte {
+	var h [24]byte
+	h[0] = byte(op.Kind)
+	binary.LittleEndian.PutUint32(h[4:], uint32(op.Region))
+	binary.LittleEndian.PutUint64(h[8:], offset)
+	binary.LittleEndian.PutUint64(h[16:], uint64(n))
+	return h[:]
+}
+
+// GRPCConfig configures the grpc transport.
+type GRPCConfig struct {
+	// StreamsPerOp cuts each op into this many ranges, each on its own
+	// stream. Default 1.
+	StreamsPerOp int
+}
+
+// GRPC is the gRPC transport. Its server side is a gRPC service that a
+// node registers on its server (RegisterServer) with the raw codec.
+type GRPC struct {
+	cfg GRPCConfig
+	regions
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+	wg     sync.WaitGroup
+}
+
+var _ Transport = (*GRPC)(nil)
+
+// NewGRPC returns a grpc transport.
+func NewGRPC(cfg GRPCConfig) *GRPC {
+	if cfg.StreamsPerOp <= 0 {
+		cfg.StreamsPerOp = 1
+	}
+	return &GRPC{cfg: cfg, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Name implements Transport.
+func (g *GRPC) Name() string { return "grpc" }
+
+// Register implements Transport.
+func (g *GRPC) Register(id RegionID, mem []byte) error { return g.register(id, mem) }
+
+// Deregister implements Transport.
+func (g *GRPC) Deregister(id RegionID) { g.deregister(id) }
+
+// ServerOptions are what a gRPC server hosting this transport should use:
+// windows large enough to keep a stream full on a fast link.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.InitialWindowSize(grpcWindow), grpc.InitialConnWindowSize(2 * grpcWindow),
+		grpc.ReadBufferSize(1 << 20), grpc.WriteBufferSize(1 << 20)}
+}
+
+// RegisterServer adds the Transfer service, serving g's regions, to s.
+func (g *GRPC) RegisterServer(s *grpc.Server) {
+	s.RegisterService(&grpc.ServiceDesc{
+		ServiceName: grpcService,
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{
+			{StreamName: "Read", ServerStreams: true, Handler: g.serveRead},
+			{StreamName: "Write", ClientStreams: true, Handler: g.serveWrite},
+		},
+	}, g)
+}
+
+func parseHeader(b []byte) (Kind, RegionID, uint64, uint64, error) {
+	if len(b) != 24 {
+		return 0, 0, 0, 0, status.Error(codes.InvalidArgument, "transfer: bad request header")
+	}
+	return Kind(b[0]), RegionID(binary.LittleEndian.Uint32(b[4:])), binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), nil
+}
+
+func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
+	var req rawFrame
+	if err := stream.RecvMsg(&req); err != nil {
+		return err
+	}
+	_, region, off, n, err := parseHeader(req.b)
+	if err != nil {
+		return err
+	}
+	src, err := g.slice(region, off, n)
+	if err != nil {
+		return status.Error(codes.NotFound, err.Error())
+	}
+	for len(src) > 0 {
+		k := min(len(src), grpcChunkBytes)
+		// The region's bytes go to the transport without a copy; they
+		// stay valid because the reader holds the block pinned until the
+		// whole batch is done.
+		if err := stream.SendMsg(&rawFrame{b: src[:k:k]}); err != nil {
+			return err
+		}
+		src = src[k:]
+	}
+	return nil
+}
+
+func (g *GRPC) serveWrite(_ any, stream grpc.ServerStream) error {
+	var req rawFrame
+	if err := stream.RecvMsg(&req); err != nil {
+		return err
+	}
+	_, region, off, n, err := parseHeader(req.b)
+	if err != nil {
+		return err
+	}
+	dst, err := g.slice(region, off, n)
+	if err != nil {
+		return status.Error(codes.NotFound, err.Error())
+	}
+	got := 0
+	for {
+		f := rawFrame{dst: dst[got:]}
+		err := stream.RecvMsg(&f)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		got += f.n
+	}
+	if got != len(dst) {
+		return status.Errorf(codes.InvalidArgument, "transfer: wrote %d of %d bytes", got, len(dst))
+	}
+	return stream.SendMsg(&rawFrame{b: []byte{}})
+}
+
+func (g *GRPC) conn(addr string) (*grpc.ClientConn, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, ErrClosed
+	}
+	if c, ok := g.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})),
+		grpc.WithInitialWindowSize(grpcWindow), grpc.WithInitialConnWindowSize(2*grpcWindow),
+		grpc.WithReadBufferSize(1<<20), grpc.WithWriteBufferSize(1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrPeer, addr, err)
+	}
+	g.conns[addr] = c
+	return c, nil
+}
+
+// Submit implements Transport: each op runs as StreamsPerOp streams.
+func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
+	b := NewBatch(len(ops))
+	for i := range ops {
+		op := ops[i]
+		c, err := g.conn(op.Peer)
+		if err == nil && op.Kind != Read && op.Kind != Write {
+			err = fmt.Errorf("transfer: op %d: kind %v", i, op.Kind)
+		}
+		if err != nil {
+			b.Complete(i, 0, err)
+			continue
+		}
+		parts := min(g.cfg.StreamsPerOp, max(1, len(op.Local)/grpcChunkBytes))
+		var left sync.WaitGroup
+		errs := make([]error, parts)
+		for p := range parts {
+			lo, hi := p*len(op.Local)/parts, (p+1)*len(op.Local)/parts
+			left.Add(1)
+			g.wg.Go(func() {
+				defer left.Done()
+				errs[p] = g.run(ctx, c, &op, op.Offset+uint64(lo), op.Local[lo:hi])
+			})
+		}
+		g.wg.Go(func() {
+			left.Wait()
+			if err := errors.Join(errs...); err != nil {
+				b.Complete(i, 0, err)
+			} else {
+				b.Complete(i, uint64(len(op.Local)), nil)
+			}
+		})
+	}
+	return b
+}
+
+func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hdr := &rawFrame{b: grpcHeader(op, off, len(local))}
+	if op.Kind == Read {
+		stream, err := c.NewStream(ctx, &grpc.StreamDesc{StreamName: "Read", ServerStreams: true}, "/"+grpcService+"/Read")
+		if err != nil {
+			return g.opErr(ctx, op, err)
+		}
+		if err := stream.SendMsg(hdr); err != nil {
+			return g.opErr(ctx, op, err)
+		}
+		if err := stream.CloseSend(); err != nil {
+			return g.opErr(ctx, op, err)
+		}
+		got := 0
+		for {
+			f := rawFrame{dst: local[got:]}
+			err := stream.RecvMsg(&f)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return g.opErr(ctx, op, err)
+			}
+			got += f.n
+		}
+		if got != len(local) {
+			return fmt.Errorf("%w: %s sent %d of %d bytes", ErrPeer, op.Peer, got, len(local))
+		}
+		return nil
+	}
+	stream, err := c.NewStream(ctx, &grpc.StreamDesc{StreamName: "Write", ClientStreams: true}, "/"+grpcService+"/Write")
+	if err != nil {
+		return g.opErr(ctx, op, err)
+	}
+	if err := stream.SendMsg(hdr); err != nil {
+		return g.opErr(ctx, op, err)
+	}
+	for rest := local; len(rest) > 0; {
+		k := min(len(rest), grpcChunkBytes)
+		if err := stream.SendMsg(&rawFrame{b: rest[:k:k]}); err != nil {
+			break // the status comes from RecvMsg
+		}
+		rest = rest[k:]
+	}
+	if err := stream.CloseSend(); err != nil {
+		return g.opErr(ctx, op, err)
+	}
+	var ack rawFrame
+	if err := stream.RecvMsg(&ack); err != nil {
+		return g.opErr(ctx, op, err)
+	}
+	return nil
+}
+
+func (g *GRPC) opErr(ctx context.Context, op *Op, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("transfer: %w", ctx.Err())
+	}
+	switch status.Code(err) {
+	case codes.NotFound:
+		return fmt.Errorf("%w: region %d on %s", ErrNoRegion, op.Region, op.Peer)
+	case codes.Canceled, codes.DeadlineExceeded:
+		return fmt.Errorf("transfer: %w", err)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrPeer, op.Peer, err)
+}
+
+// Close closes every connection and waits for in-flight streams.
+func (g *GRPC) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	conns := g.conns
+	g.conns = map[string]*grpc.ClientConn{}
+	g.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	g.wg.Wait()
+	return nil
+}

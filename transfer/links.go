@@ -1,0 +1,178 @@
+package transfer
+
+import (
+	"math"
+	"sort"
+	"sync"
+	"time"
+)
+
+// LinkConfig configures link estimation.
+type LinkConfig struct {
+	// SeedBytesPerSecond is a link's bandwidth before anything was
+	// measured, and what an idle link's estimate decays toward. Default
+	// 1.25e9 (10 Gbit/s).
+	SeedBytesPerSecond float64
+	// SeedRTT is a link's round trip before anything was measured. Default
+	// 200 µs.
+	SeedRTT time.Duration
+	// Alpha is the weight of a new sample in the moving average, in (0, 1].
+	// Default 0.3.
+	Alpha float64
+	// HalfLife is how long an idle link takes to move halfway back to its
+	// seed, since what was measured ages. Default 60 s.
+	HalfLife time.Duration
+	// MinSampleBytes: transfers smaller than this measure latency only;
+	// larger ones measure bandwidth. Default 256 KiB.
+	MinSampleBytes int64
+	// Seeds overrides the seed per peer (from the config file: a link
+	// known to be slower or faster than the default).
+	Seeds map[string]Seed
+}
+
+// Seed is a link's assumed bandwidth and round trip.
+type Seed struct {
+	BytesPerSecond float64
+	RTT            time.Duration
+}
+
+func (c *LinkConfig) fill() {
+	if c.SeedBytesPerSecond <= 0 {
+		c.SeedBytesPerSecond = 1.25e9
+	}
+	if c.SeedRTT <= 0 {
+		c.SeedRTT = 200 * time.Microsecond
+	}
+	if c.Alpha <= 0 || c.Alpha > 1 {
+		c.Alpha = 0.3
+	}
+	if c.HalfLife <= 0 {
+		c.HalfLife = 60 * time.Second
+	}
+	if c.MinSampleBytes <= 0 {
+		c.MinSampleBytes = 256 << 10
+	}
+}
+
+// Links keeps a bandwidth and latency estimate per peer, from real
+// transfers: an exponentially weighted moving average seeded from config,
+// decaying toward the seed while the link is idle. It is pure: time comes
+// in as an argument. Safe for concurrent use.
+type Links struct {
+	cfg   LinkConfig
+	mu    sync.Mutex
+	links map[string]*link
+}
+
+type link struct {
+	seed       Seed
+	bw, rtt    float64 // bytes/s, seconds
+	updated    time.Time
+	bwSamples  int64
+	rttSamples int64
+	bytes      int64
+}
+
+// NewLinks returns an empty set of estimates.
+func NewLinks(cfg LinkConfig) *Links {
+	cfg.fill()
+	return &Links{cfg: cfg, links: map[string]*link{}}
+}
+
+func (l *Links) get(peer string) *link {
+	k, ok := l.links[peer]
+	if !ok {
+		s, ok := l.cfg.Seeds[peer]
+		if !ok || s.BytesPerSecond <= 0 {
+			s = Seed{BytesPerSecond: l.cfg.SeedBytesPerSecond, RTT: l.cfg.SeedRTT}
+		}
+		if s.RTT <= 0 {
+			s.RTT = l.cfg.SeedRTT
+		}
+		k = &link{seed: s, bw: s.BytesPerSecond, rtt: s.RTT.Seconds()}
+		l.links[peer] = k
+	}
+	return k
+}
+
+// decay moves the estimate toward the seed for the time since its last
+// update.
+func (l *Links) decay(k *link, now time.Time) {
+	if k.updated.IsZero() || !now.After(k.updated) {
+		return
+	}
+	f := math.Exp2(-float64(now.Sub(k.updated)) / float64(l.cfg.HalfLife))
+	k.bw = k.seed.BytesPerSecond + (k.bw-k.seed.BytesPerSecond)*f
+	k.rtt = k.seed.RTT.Seconds() + (k.rtt-k.seed.RTT.Seconds())*f
+	k.updated = now
+}
+
+// Observe records a transfer of n bytes from or to peer that took d,
+// finishing at now. Transfers under MinSampleBytes update the round trip;
+// larger ones the bandwidth, net of one round trip.
+func (l *Links) Observe(peer string, n int64, d time.Duration, now time.Time) {
+	if d <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.get(peer)
+	l.decay(k, now)
+	a := l.cfg.Alpha
+	if n < l.cfg.MinSampleBytes {
+		k.rtt = (1-a)*k.rtt + a*d.Seconds()
+		k.rttSamples++
+	} else {
+		transfer := max(d.Seconds()-k.rtt, d.Seconds()/2)
+		k.bw = (1-a)*k.bw + a*float64(n)/transfer
+		k.bwSamples++
+	}
+	k.bytes += n
+	k.updated = now
+}
+
+// Estimate is what Links knows of one link.
+type Estimate struct {
+	Peer           string
+	BytesPerSecond float64
+	RTT            time.Duration
+	// Samples is how many transfers measured bandwidth; 0 means the
+	// estimate is the seed.
+	Samples    int64
+	RTTSamples int64
+	Bytes      int64
+	// Updated is the last measurement's time (zero if none).
+	Updated time.Time
+}
+
+// Estimate returns peer's current estimate, decayed to now.
+func (l *Links) Estimate(peer string, now time.Time) Estimate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.get(peer)
+	l.decay(k, now)
+	return Estimate{Peer: peer, BytesPerSecond: k.bw, RTT: time.Duration(k.rtt * float64(time.Second)),
+		Samples: k.bwSamples, RTTSamples: k.rttSamples, Bytes: k.bytes, Updated: k.updated}
+}
+
+// All returns every known link's estimate, by peer.
+func (l *Links) All(now time.Time) []Estimate {
+	l.mu.Lock()
+	peers := make([]string, 0, len(l.links))
+	for p := range l.links {
+		peers = append(peers, p)
+	}
+	l.mu.Unlock()
+	sort.Strings(peers)
+	out := make([]Estimate, len(peers))
+	for i, p := range peers {
+		out[i] = l.Estimate(p, now)
+	}
+	return out
+}
+
+// FetchTime is the estimated time to move n bytes from peer: one round
+// trip plus n at the link's bandwidth.
+func (e Estimate) FetchTime(n int64) time.Duration {
+	return e.RTT + time.Duration(float64(n)/e.BytesPerSecond*float64(time.Second))
+}

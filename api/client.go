@@ -652,6 +652,30 @@ func (d *dataConn) simple(ctx context.Context, r wire.Request) error {
 	return d.readResponse(ctx, r.Op.String())
 }
 
+// FetchResult says where one block of a Fetch came from.
+type FetchResult struct {
+	// Source is the node the block was pulled from; "" if it was local.
+	Source string
+	Size   int64
+	Err    error
+}
+
+// Fetch asks the node to make the blocks under keys local, pulling each
+// one it lacks from the best node holding it; then Get serves them from
+// here. timeout bounds one holder's transfer (0: the node's default). The
+// error is for the whole call; per-key outcomes are in the results.
+func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	resp, err := c.rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: tenant, Namespace: namespace, Keys: keys, TimeoutMs: uint32(timeout / time.Millisecond)})
+	if err != nil {
+		return nil, FromStatus(err)
+	}
+	out := make([]FetchResult, len(resp.GetResults()))
+	for i, r := range resp.GetResults() {
+		out[i] = FetchResult{Source: r.GetSourceNode(), Size: int64(r.GetSizeBytes()), Err: FromCode(codes.Code(r.GetStatus().GetCode()), r.GetStatus().GetMessage())}
+	}
+	return out, nil
+}
+
 // Locate returns how many leading keys of chain the node holds.
 func (c *Client) Locate(ctx context.Context, tenant, namespace string, chain [][]byte) (int, error) {
 	resp, err := c.rpc.Locate(ctx, &kvpoolv1.LocateRequest{Tenant: tenant, Namespace: namespace, Keys: chain})

@@ -299,3 +299,19 @@ func ReadContent(ctx context.Context, cli *clientv3.Client, prefix string) ([]st
 	}
 	return mm.Content(), mm.Revision(), nil
 }
+
+// Holders returns the live nodes holding a block, and each node's record.
+func (m *Mirror) Holders(tenant, namespace string, key []byte) []NodeRecord {
+	var buf [2*64 + 128 + 2]byte
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var out []NodeRecord
+	for _, slot := range m.st.holders(buf[:0], tenant, namespace, key) {
+		id := m.st.slots[slot]
+		if id == "" || (m.cfg.Dead != nil && m.cfg.Dead(id)) {
+			continue
+		}
+		out = append(out, m.st.nodes[id].rec)
+	}
+	return out
+}

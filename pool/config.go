@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // Config configures a node. New copies it, fills defaults for zero fields
@@ -88,6 +89,22 @@ type Config struct {
 	AdvertiseAddr string
 	// Zone is a free-form failure domain shown to operators.
 	Zone string
+
+	// Transport is how this node pulls blocks from peers: "tcp" (framed,
+	// striped over TransferConns connections) or "grpc" (streams with a
+	// raw-bytes codec). The node serves both. Default "tcp".
+	Transport string
+	// TransferConns is how many connections the tcp transport keeps per
+	// peer. Default 2.
+	TransferConns int
+	// FetchTimeout bounds one holder's transfer during a Fetch; past it
+	// the next holder is tried, or the caller gets Unavailable. Default 1 s.
+	FetchTimeout time.Duration
+	// Links seeds and tunes the per-link bandwidth estimates.
+	Links transfer.LinkConfig
+	// WrapTransport, when set, wraps the transport the node pulls with
+	// (fault injection in tests: transfer.Faulty).
+	WrapTransport func(transfer.Transport) transfer.Transport
 
 	// Version is reported by Info. Default "dev".
 	Version string
@@ -169,6 +186,15 @@ func (c *Config) fillDefaults() {
 	if c.GossipProbeInterval == 0 {
 		c.GossipProbeInterval = 200 * time.Millisecond
 	}
+	if c.Transport == "" {
+		c.Transport = "tcp"
+	}
+	if c.TransferConns == 0 {
+		c.TransferConns = 2
+	}
+	if c.FetchTimeout == 0 {
+		c.FetchTimeout = time.Second
+	}
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -228,6 +254,15 @@ func (c *Config) validate() error {
 	}
 	if c.Etcd != nil && c.LeaseTTL < 2*time.Second {
 		bad("lease TTL %v: want at least 2s", c.LeaseTTL)
+	}
+	if c.Transport != "tcp" && c.Transport != "grpc" {
+		bad("transport %q: want tcp or grpc", c.Transport)
+	}
+	if c.TransferConns < 1 || c.TransferConns > 64 {
+		bad("transfer connections %d: want 1 to 64", c.TransferConns)
+	}
+	if c.FetchTimeout < 0 {
+		bad("fetch timeout must not be negative")
 	}
 	if c.Zone != "" {
 		if err := api.ValidateName("zone", c.Zone); err != nil {

@@ -24,8 +24,9 @@ const recvChunkBytes = api.RecvChunkBytes
 // the bytes, only that they are not copied from anywhere first.
 var sourceBuf = make([]byte, 4<<20)
 
-// dataConn is the server side of one data connection. sess is set on
-// unix-socket connections, which may use the shared-memory ops.
+// dataConn is the server side of one data connection. sess holds the
+// pins and reservations the connection takes (view, reserve): a same-host
+// client's over the unix socket, a peer node's over TCP.
 type dataConn struct {
 	n    *Node
 	c    net.Conn
@@ -99,10 +100,6 @@ func remote(c net.Conn) string {
 // handle serves d.req. A returned error means the connection must close.
 func (d *dataConn) handle() error {
 	r := &d.req
-	if d.sess == nil && r.Op >= wire.OpView {
-		d.n.metrics.dataOp(r.Op, codes.InvalidArgument)
-		return d.respondErr(api.Errorf(api.ErrInvalidArgument, "pool: %v needs the shared-memory socket", r.Op))
-	}
 	switch r.Op {
 	case wire.OpGet:
 		return d.get()

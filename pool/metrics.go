@@ -22,6 +22,7 @@ type metrics struct {
 	bytesReceived prometheus.Counter
 	reclaimed     prometheus.Counter
 	mirrorLag     prometheus.Histogram
+	fetched       prometheus.Counter
 }
 
 func newMetrics(n *Node) (*metrics, error) {
@@ -42,13 +43,17 @@ func newMetrics(n *Node) (*metrics, error) {
 			Name: "kvpool_pool_reservations_reclaimed_total",
 			Help: "Reservations reclaimed because they were not committed in time.",
 		}),
+		fetched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_transfer_fetched_bytes_total",
+			Help: "Block bytes pulled from peers by Fetch.",
+		}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, &storeCollector{n.store}} {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, &storeCollector{n.store}} {
 		if err := n.cfg.Registerer.Register(c); err != nil {
 			return nil, err
 		}

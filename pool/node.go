@@ -23,6 +23,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // Node is one kvpool daemon: a Store and the servers in front of it.
@@ -43,6 +44,14 @@ type Node struct {
 	metrics  *metrics
 	hostID   string
 	cluster  *cluster // nil for a standalone node
+
+	// Transfers: both transports serve the arena as arenaRegion to peers;
+	// transport (one of them, Config.Transport) pulls from peers.
+	tcpT      *transfer.TCP
+	grpcT     *transfer.GRPC
+	transport transfer.Transport
+	links     *transfer.Links
+	peers     peerConns
 
 	tcpLis  net.Listener
 	shmLis  *net.UnixListener
@@ -98,12 +107,25 @@ func New(cfg Config) (*Node, error) {
 	if n.metrics, err = newMetrics(n); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
-	n.grpcSrv = grpc.NewServer(
+	n.links = transfer.NewLinks(cfg.Links)
+	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, Logger: cfg.Logger})
+	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{})
+	n.tcpT.Register(arenaRegion, seg.mem)
+	n.grpcT.Register(arenaRegion, seg.mem)
+	n.transport = n.tcpT
+	if cfg.Transport == "grpc" {
+		n.transport = n.grpcT
+	}
+	if cfg.WrapTransport != nil {
+		n.transport = cfg.WrapTransport(n.transport)
+	}
+	n.grpcSrv = grpc.NewServer(append(transfer.ServerOptions(),
 		grpc.MaxRecvMsgSize(MaxBatchBytes+1<<20),
 		grpc.MaxSendMsgSize(MaxBatchBytes+1<<20),
 		grpc.ChainUnaryInterceptor(n.metrics.unaryInterceptor),
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
-	)
+	)...)
+	n.grpcT.RegisterServer(n.grpcSrv)
 	if cfg.Etcd != nil {
 		if n.cluster, err = newCluster(n); err != nil {
 			return nil, errors.Join(err, n.Close())
@@ -182,6 +204,9 @@ func (n *Node) ShmSocket() string {
 
 // Store returns the node's block store.
 func (n *Node) Store() *Store { return n.store }
+
+// Links returns the node's per-link estimates.
+func (n *Node) Links() *transfer.Links { return n.links }
 
 // ID returns the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
@@ -299,6 +324,11 @@ func (n *Node) Close() error {
 		if n.cluster != nil {
 			n.cluster.gossip.Shutdown()
 		}
+		if n.tcpT != nil {
+			n.tcpT.Close()
+			n.grpcT.Close()
+		}
+		n.peers.closeAll()
 		if n.seg != nil {
 			n.closeErr = n.seg.close()
 		}
@@ -360,12 +390,29 @@ func (n *Node) sniff(ctx context.Context, c net.Conn) {
 		c.Close()
 		return
 	}
-	if !bytes.Equal(first[:4], wire.Preamble[:4]) {
+	isData := bytes.Equal(first[:4], wire.Preamble[:4])
+	isTransfer := bytes.Equal(first[:4], transfer.TCPPreamble[:4])
+	if !isData && !isTransfer {
 		// Not ours: gRPC owns it from here, replaying the bytes we read.
 		c.SetReadDeadline(time.Time{})
 		n.untrack(c)
 		if !n.grpcLis.deliver(&prefixConn{Conn: c, prefix: first[:k]}) {
 			c.Close()
+		}
+		return
+	}
+	if isTransfer {
+		defer n.untrack(c)
+		defer c.Close()
+		if _, err := io.ReadFull(c, first[4:]); err != nil || first != transfer.TCPPreamble {
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		if err := n.tcpT.ServeConn(ctx, c); err != nil {
+			n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
 		}
 		return
 	}
@@ -378,7 +425,7 @@ func (n *Node) sniff(ctx context.Context, c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	n.serveData(ctx, c, nil)
+	n.serveData(ctx, c, newSession())
 }
 
 func (n *Node) track(c net.Conn) bool {

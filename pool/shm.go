@@ -25,7 +25,13 @@ import (
 // reservations) is released when its connection closes, so a client that
 // dies leaks nothing.
 
-// shmSession is what one unix-socket connection holds.
+func newSession() *shmSession {
+	return &shmSession{pins: map[uint64]int{}, res: map[uint64]*Reservation{}}
+}
+
+// shmSession is what one connection holds: pins and reservations taken
+// by a same-host client over the unix socket, or by a peer node pulling or
+// pushing blocks over TCP.
 type shmSession struct {
 	pins map[uint64]int          // pin handle -> times held
 	res  map[uint64]*Reservation // open reservations by handle
@@ -63,7 +69,7 @@ func (n *Node) acceptShm(ctx context.Context) error {
 				n.log.Warn("shm hello failed", "err", err)
 				return
 			}
-			n.serveData(ctx, c, &shmSession{pins: map[uint64]int{}, res: map[uint64]*Reservation{}})
+			n.serveData(ctx, c, newSession())
 		})
 	}
 }

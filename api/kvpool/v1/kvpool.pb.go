@@ -1707,6 +1707,189 @@ func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
 	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{27}
 }
 
+type FetchRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys      [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// How long to wait for one holder's transfer before trying the next;
+	// 0 means the node's default (1 s).
+	TimeoutMs     uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchRequest) Reset() {
+	*x = FetchRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchRequest) ProtoMessage() {}
+
+func (x *FetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
+func (*FetchRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *FetchRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *FetchRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *FetchRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *FetchRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type FetchResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node the block came from; empty when it was already here.
+	SourceNode    string      `protobuf:"bytes,1,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	Status        *ItemStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	SizeBytes     uint64      `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchResult) Reset() {
+	*x = FetchResult{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchResult) ProtoMessage() {}
+
+func (x *FetchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchResult.ProtoReflect.Descriptor instead.
+func (*FetchResult) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *FetchResult) GetSourceNode() string {
+	if x != nil {
+		return x.SourceNode
+	}
+	return ""
+}
+
+func (x *FetchResult) GetStatus() *ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *FetchResult) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+type FetchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*FetchResult         `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	FetchedBytes  uint64                 `protobuf:"varint,2,opt,name=fetched_bytes,json=fetchedBytes,proto3" json:"fetched_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchResponse) Reset() {
+	*x = FetchResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchResponse) ProtoMessage() {}
+
+func (x *FetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
+func (*FetchResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *FetchResponse) GetResults() []*FetchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *FetchResponse) GetFetchedBytes() uint64 {
+	if x != nil {
+		return x.FetchedBytes
+	}
+	return 0
+}
+
 var File_kvpool_v1_kvpool_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_kvpool_proto_rawDesc = "" +
@@ -1829,7 +2012,22 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\"\x14\n" +
-	"\x12ReportLoadResponse2\x86\x05\n" +
+	"\x12ReportLoadResponse\"w\n" +
+	"\fFetchRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\"|\n" +
+	"\vFetchResult\x12\x1f\n" +
+	"\vsource_node\x18\x01 \x01(\tR\n" +
+	"sourceNode\x12-\n" +
+	"\x06status\x18\x02 \x01(\v2\x15.kvpool.v1.ItemStatusR\x06status\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\"f\n" +
+	"\rFetchResponse\x120\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.kvpool.v1.FetchResultR\aresults\x12#\n" +
+	"\rfetched_bytes\x18\x02 \x01(\x04R\ffetchedBytes2\xc2\x05\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +
@@ -1841,7 +2039,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x05Stats\x12\x17.kvpool.v1.StatsRequest\x1a\x18.kvpool.v1.StatsResponse\x127\n" +
 	"\x04Info\x12\x16.kvpool.v1.InfoRequest\x1a\x17.kvpool.v1.InfoResponse\x12I\n" +
 	"\n" +
-	"ReportLoad\x12\x1c.kvpool.v1.ReportLoadRequest\x1a\x1d.kvpool.v1.ReportLoadResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"ReportLoad\x12\x1c.kvpool.v1.ReportLoadRequest\x1a\x1d.kvpool.v1.ReportLoadResponse\x12:\n" +
+	"\x05Fetch\x12\x17.kvpool.v1.FetchRequest\x1a\x18.kvpool.v1.FetchResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_kvpool_proto_rawDescOnce sync.Once
@@ -1855,7 +2054,7 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
 	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
@@ -1885,6 +2084,9 @@ var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*InfoResponse)(nil),       // 25: kvpool.v1.InfoResponse
 	(*ReportLoadRequest)(nil),  // 26: kvpool.v1.ReportLoadRequest
 	(*ReportLoadResponse)(nil), // 27: kvpool.v1.ReportLoadResponse
+	(*FetchRequest)(nil),       // 28: kvpool.v1.FetchRequest
+	(*FetchResult)(nil),        // 29: kvpool.v1.FetchResult
+	(*FetchResponse)(nil),      // 30: kvpool.v1.FetchResponse
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -1899,31 +2101,35 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	13, // 9: kvpool.v1.BatchGetResponse.results:type_name -> kvpool.v1.BatchGetResult
 	0,  // 10: kvpool.v1.RemoveRequest.key:type_name -> kvpool.v1.BlockKey
 	22, // 11: kvpool.v1.StatsResponse.namespaces:type_name -> kvpool.v1.NamespaceStats
-	2,  // 12: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
-	4,  // 13: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
-	8,  // 14: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
-	12, // 15: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
-	15, // 16: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
-	17, // 17: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
-	19, // 18: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
-	21, // 19: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
-	24, // 20: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
-	26, // 21: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
-	3,  // 22: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 23: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 24: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 25: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 26: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 27: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 28: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 29: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	25, // 30: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	27, // 31: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	9,  // 12: kvpool.v1.FetchResult.status:type_name -> kvpool.v1.ItemStatus
+	29, // 13: kvpool.v1.FetchResponse.results:type_name -> kvpool.v1.FetchResult
+	2,  // 14: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
+	4,  // 15: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
+	8,  // 16: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
+	12, // 17: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
+	15, // 18: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
+	17, // 19: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
+	19, // 20: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
+	21, // 21: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
+	24, // 22: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
+	26, // 23: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
+	28, // 24: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
+	3,  // 25: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 26: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 27: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 28: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 29: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 30: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 31: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 32: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	25, // 33: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	27, // 34: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	30, // 35: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
+	25, // [25:36] is the sub-list for method output_type
+	14, // [14:25] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_kvpool_proto_init() }
@@ -1947,7 +2153,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	KVPoolService_Stats_FullMethodName      = "/kvpool.v1.KVPoolService/Stats"
 	KVPoolService_Info_FullMethodName       = "/kvpool.v1.KVPoolService/Info"
 	KVPoolService_ReportLoad_FullMethodName = "/kvpool.v1.KVPoolService/ReportLoad"
+	KVPoolService_Fetch_FullMethodName      = "/kvpool.v1.KVPoolService/Fetch"
 )
 
 // KVPoolServiceClient is the client API for KVPoolService service.
@@ -76,6 +77,12 @@ type KVPoolServiceClient interface {
 	// ReportLoad is how the local engine tells its daemon its queue time and
 	// prefill speed; the daemon gossips them to the cluster.
 	ReportLoad(ctx context.Context, in *ReportLoadRequest, opts ...grpc.CallOption) (*ReportLoadResponse, error)
+	// Fetch makes blocks local: each key this node lacks is pulled from the
+	// best node holding it (by measured link bandwidth), stored here as a
+	// replica (published like a Put) and then served like any local block.
+	// A holder that fails mid-transfer, or sends bytes that fail their
+	// checksum, is replaced by the next holder when there is one.
+	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
 }
 
 type kVPoolServiceClient struct {
@@ -198,6 +205,16 @@ func (c *kVPoolServiceClient) ReportLoad(ctx context.Context, in *ReportLoadRequ
 	return out, nil
 }
 
+func (c *kVPoolServiceClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchResponse)
+	err := c.cc.Invoke(ctx, KVPoolService_Fetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVPoolServiceServer is the server API for KVPoolService service.
 // All implementations must embed UnimplementedKVPoolServiceServer
 // for forward compatibility.
@@ -230,6 +247,12 @@ type KVPoolServiceServer interface {
 	// ReportLoad is how the local engine tells its daemon its queue time and
 	// prefill speed; the daemon gossips them to the cluster.
 	ReportLoad(context.Context, *ReportLoadRequest) (*ReportLoadResponse, error)
+	// Fetch makes blocks local: each key this node lacks is pulled from the
+	// best node holding it (by measured link bandwidth), stored here as a
+	// replica (published like a Put) and then served like any local block.
+	// A holder that fails mid-transfer, or sends bytes that fail their
+	// checksum, is replaced by the next holder when there is one.
+	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
 	mustEmbedUnimplementedKVPoolServiceServer()
 }
 
@@ -269,6 +292,9 @@ func (UnimplementedKVPoolServiceServer) Info(context.Context, *InfoRequest) (*In
 }
 func (UnimplementedKVPoolServiceServer) ReportLoad(context.Context, *ReportLoadRequest) (*ReportLoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportLoad not implemented")
+}
+func (UnimplementedKVPoolServiceServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
 }
 func (UnimplementedKVPoolServiceServer) mustEmbedUnimplementedKVPoolServiceServer() {}
 func (UnimplementedKVPoolServiceServer) testEmbeddedByValue()                       {}
@@ -453,6 +479,24 @@ func _KVPoolService_ReportLoad_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVPoolService_Fetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVPoolServiceServer).Fetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVPoolService_Fetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVPoolServiceServer).Fetch(ctx, req.(*FetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVPoolService_ServiceDesc is the grpc.ServiceDesc for KVPoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -491,6 +535,10 @@ var KVPoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportLoad",
 			Handler:    _KVPoolService_ReportLoad_Handler,
+		},
+		{
+			MethodName: "Fetch",
+			Handler:    _KVPoolService_Fetch_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,353 @@
+package pool
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/transfer"
+)
+
+// arenaRegion is the transfer region id under which a node exposes its
+// arena to peers. Offsets are the ones its pins report.
+const arenaRegion transfer.RegionID = 1
+
+// FetchResult says where one block of a Fetch came from.
+type FetchResult struct {
+	// Source is the node the bytes came from; "" when already local.
+	Source string
+	Size   int64
+	Err    error
+}
+
+// Fetch makes the blocks under keys local. Each missing key is pulled from
+// the live holder with the best measured link: the holder pins it (its
+// bytes stay put), the transport reads them one-sidedly into a local
+// reservation, the bytes are checked against the holder's checksum, and
+// the block is committed here as a replica (and published like a Put). A
+// holder that fails or times out (timeout, default Config.FetchTimeout)
+// or sends bytes that fail their checksum is replaced by the next holder.
+// Errors per key: ErrNotFound (no holder), ErrUnavailable, ErrDataLoss.
+func (n *Node) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	if err := validateChain(tenant, namespace, keys); err != nil {
+		return nil, err
+	}
+	if timeout <= 0 {
+		timeout = n.cfg.FetchTimeout
+	}
+	out := make([]FetchResult, len(keys))
+	exists, err := n.store.Exists([]byte(tenant), []byte(namespace), keys)
+	if err != nil {
+		return nil, err
+	}
+	type want struct {
+		i       int
+		holders []metadata.NodeRecord
+		tried   int
+	}
+	var missing []*want
+	for i, ok := range exists {
+		if ok {
+			continue
+		}
+		if n.cluster == nil {
+			out[i].Err = api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x here, and the node runs standalone", tenant, namespace, keys[i])
+			continue
+		}
+		hs := n.cluster.mirror.Holders(tenant, namespace, keys[i])
+		hs = slicesDeleteFunc(hs, func(r metadata.NodeRecord) bool { return r.ID == n.cfg.NodeID })
+		if len(hs) == 0 {
+			out[i].Err = api.Errorf(api.ErrNotFound, "pool: no live node holds %s/%s/%x", tenant, namespace, keys[i])
+			continue
+		}
+		// Best link first.
+		now := n.cfg.Now()
+		sort.SliceStable(hs, func(a, b int) bool {
+			return n.links.Estimate(hs[a].ID, now).BytesPerSecond > n.links.Estimate(hs[b].ID, now).BytesPerSecond
+		})
+		missing = append(missing, &want{i: i, holders: hs})
+	}
+	for len(missing) > 0 {
+		// Group the keys still missing by their next holder; one batch each.
+		groups := map[string][]*want{}
+		recs := map[string]metadata.NodeRecord{}
+		var order []string
+		for _, w := range missing {
+			h := w.holders[w.tried]
+			if _, ok := groups[h.ID]; !ok {
+				order = append(order, h.ID)
+				recs[h.ID] = h
+			}
+			groups[h.ID] = append(groups[h.ID], w)
+		}
+		missing = missing[:0]
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, id := range order {
+			group := groups[id]
+			wg.Go(func() {
+				idx := make([]int, len(group))
+				for k, w := range group {
+					idx[k] = w.i
+				}
+				res := n.pull(ctx, recs[id], tenant, namespace, keys, idx, timeout)
+				mu.Lock()
+				defer mu.Unlock()
+				for k, w := range group {
+					out[w.i] = res[k]
+					if res[k].Err != nil && w.tried+1 < len(w.holders) && ctx.Err() == nil {
+						w.tried++
+						missing = append(missing, w)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	return out, nil
+}
+
+func slicesDeleteFunc[T any](s []T, del func(T) bool) []T {
+	out := s[:0]
+	for _, v := range s {
+		if !del(v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// pull fetches keys[idx...] from one holder.
+func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, idx []int, timeout time.Duration) []FetchResult {
+	out := make([]FetchResult, len(idx))
+	fail := func(err error) []FetchResult {
+		for k := range out {
+			if out[k].Err == nil && out[k].Source == "" {
+				out[k].Err = err
+			}
+		}
+		return out
+	}
+	addr := holder.Addrs["grpc"]
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	pc, err := n.peers.get(ctx, addr)
+	if err != nil {
+		return fail(api.Errorf(api.ErrUnavailable, "pool: reach %s at %s: %v", holder.ID, addr, err))
+	}
+	// Pin every block on the holder: one pipelined round trip.
+	pins, perr := pc.pin(ctx, tenant, namespace, keys, idx)
+	if perr != nil {
+		pc.close()
+		return fail(api.Errorf(api.ErrUnavailable, "pool: pin on %s: %v", holder.ID, perr))
+	}
+	n.links.Observe(holder.ID, 0, time.Since(start), n.cfg.Now())
+	defer pc.release(pins)
+	// Reserve local space and read the bytes into it.
+	ops := make([]transfer.Op, 0, len(idx))
+	res := make([]*Reservation, len(idx))
+	opOf := make([]int, len(idx))
+	for k, p := range pins {
+		opOf[k] = -1
+		if p.err != nil {
+			out[k].Err = p.err
+			continue
+		}
+		r, err := n.store.Reserve([]byte(tenant), []byte(namespace), keys[idx[k]], int64(p.size), true)
+		if err != nil {
+			out[k].Err = err
+			continue
+		}
+		res[k] = r
+		opOf[k] = len(ops)
+		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: addr, Region: arenaRegion, Offset: p.offset, Local: r.Bytes()})
+	}
+	t0 := time.Now()
+	batch := n.transport.Submit(ctx, ops)
+	werr := batch.Wait(ctx)
+	if werr == nil || batch.Bytes() > 0 {
+		n.links.Observe(holder.ID, int64(batch.Bytes()), time.Since(t0), n.cfg.Now())
+	}
+	if ctx.Err() != nil {
+		// Some ops may still be writing into reservations: wait for the
+		// transport to let go before giving the space back.
+		<-batch.Done()
+	}
+	for k := range idx {
+		r := res[k]
+		if r == nil {
+			continue
+		}
+		if err := batch.OpErr(opOf[k]); err != nil {
+			n.store.Abort(r)
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w: no answer from %s within %v", api.ErrUnavailable, holder.ID, timeout)
+			}
+			out[k].Err = api.Errorf(api.ErrUnavailable, "pool: read from %s: %v", holder.ID, err)
+			continue
+		}
+		// The holder's checksum travelled with the pin; the bytes are
+		// checked on arrival and the block committed as a replica.
+		cr, err := n.store.Commit(r, api.Checksum(r.Bytes()), true, pins[k].crc, true)
+		if err != nil && !errors.Is(err, api.ErrAlreadyExists) {
+			out[k].Err = err
+			continue
+		}
+		_ = cr
+		out[k] = FetchResult{Source: holder.ID, Size: int64(pins[k].size)}
+		n.metrics.fetched.Add(float64(pins[k].size))
+	}
+	return out
+}
+
+// peerPin is a block pinned on a peer for a pull.
+type peerPin struct {
+	offset, size uint64
+	crc          uint32
+	handle       uint64
+	err          error
+}
+
+// peerConns keeps data-channel connections to peers for pins, releases,
+// reservations and commits: the control plane of transfers.
+type peerConns struct {
+	mu   sync.Mutex
+	idle map[string][]*peerConn
+}
+
+type peerConn struct {
+	pool *peerConns
+	addr string
+	c    net.Conn
+	br   *bufio.Reader
+	buf  []byte
+	resp wire.Response
+	bad  bool
+}
+
+func (p *peerConns) get(ctx context.Context, addr string) (*peerConn, error) {
+	p.mu.Lock()
+	if l := p.idle[addr]; len(l) > 0 {
+		pc := l[len(l)-1]
+		p.idle[addr] = l[:len(l)-1]
+		p.mu.Unlock()
+		return pc, nil
+	}
+	p.mu.Unlock()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(wire.Preamble[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &peerConn{pool: p, addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10)}, nil
+}
+
+// done returns the connection to the pool, or closes it if it failed.
+func (pc *peerConn) done() {
+	if pc.bad {
+		pc.c.Close()
+		return
+	}
+	pc.pool.mu.Lock()
+	defer pc.pool.mu.Unlock()
+	if pc.pool.idle == nil {
+		pc.pool.idle = map[string][]*peerConn{}
+	}
+	if len(pc.pool.idle[pc.addr]) >= 8 {
+		pc.c.Close()
+		return
+	}
+	pc.pool.idle[pc.addr] = append(pc.pool.idle[pc.addr], pc)
+}
+
+func (pc *peerConn) close() {
+	pc.bad = true
+	pc.c.Close()
+}
+
+func (p *peerConns) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.idle {
+		for _, pc := range l {
+			pc.c.Close()
+		}
+	}
+	p.idle = nil
+}
+
+// pin views the blocks on the peer: the pins hold their bytes in place
+// until release. The connection's session owns them, so they also end if
+// the connection drops.
+func (pc *peerConn) pin(ctx context.Context, tenant, namespace string, keys [][]byte, idx []int) ([]peerPin, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		pc.c.SetDeadline(dl)
+	}
+	pc.buf = pc.buf[:0]
+	for _, i := range idx {
+		pc.buf = wire.AppendRequest(pc.buf, &wire.Request{Op: wire.OpView, Tenant: []byte(tenant), Namespace: []byte(namespace), Key: keys[i]})
+	}
+	if _, err := pc.c.Write(pc.buf); err != nil {
+		return nil, err
+	}
+	pins := make([]peerPin, len(idx))
+	for k := range idx {
+		if err := wire.ReadResponse(pc.br, &pc.resp); err != nil {
+			return nil, err
+		}
+		if c := codes.Code(pc.resp.Status); c != codes.OK {
+			pins[k].err = api.FromCode(c, pc.resp.Message)
+			continue
+		}
+		pins[k] = peerPin{offset: pc.resp.Offset, size: pc.resp.ValueLen, crc: pc.resp.CRC, handle: pc.resp.Handle}
+	}
+	return pins, nil
+}
+
+// release drops the pins (no responses) and returns the connection.
+func (pc *peerConn) release(pins []peerPin) {
+	pc.buf = pc.buf[:0]
+	for _, p := range pins {
+		if p.err == nil {
+			pc.buf = wire.AppendRequest(pc.buf, &wire.Request{Op: wire.OpRelease, Handle: p.handle})
+		}
+	}
+	pc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if len(pc.buf) > 0 {
+		if _, err := pc.c.Write(pc.buf); err != nil {
+			pc.bad = true
+		}
+	}
+	pc.c.SetDeadline(time.Time{})
+	pc.done()
+}
+
+// Fetch implements the KVPoolService RPC.
+func (g *grpcService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*kvpoolv1.FetchResponse, error) {
+	res, err := g.n.Fetch(ctx, req.GetTenant(), req.GetNamespace(), req.GetKeys(), time.Duration(req.GetTimeoutMs())*time.Millisecond)
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	out := &kvpoolv1.FetchResponse{Results: make([]*kvpoolv1.FetchResult, len(res))}
+	for i, r := range res {
+		out.Results[i] = &kvpoolv1.FetchResult{SourceNode: r.Source, Status: itemStatus(r.Err), SizeBytes: uint64(r.Size)}
+		out.FetchedBytes += uint64(r.Size)
+	}
+	return out, nil
+}

@@ -1,0 +1,198 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/test/cluster"
+	"github.com/kvpool/kvpool/transfer"
+)
+
+func blockValue(i, size int) []byte {
+	v := make([]byte, size)
+	for j := range v {
+		v[j] = byte(i*131 + j*7)
+	}
+	return v
+}
+
+func putBlocks(t *testing.T, c *api.Client, keys [][]byte, size int) {
+	t.Helper()
+	for i, k := range keys {
+		if err := c.Put(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k}, blockValue(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
+	for _, tr := range []string{"tcp", "grpc"} {
+		t.Run(tr, func(t *testing.T) {
+			c := cluster.New(t, cluster.Config{Nodes: 3, Mutate: func(i int, pc *pool.Config) { pc.Transport = tr }})
+			keys := chainKeys(t, 21, 8)
+			putBlocks(t, c.Client(0, api.PathData), keys, 1<<20+3)
+			c.Converged(10 * time.Second)
+			eng := c.Client(2, api.PathShm)
+			res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res {
+				if r.Err != nil || r.Source != "node-0" || r.Size != 1<<20+3 {
+					t.Fatalf("block %d: %+v", i, r)
+				}
+			}
+			for i, k := range keys {
+				got, err := eng.GetValue(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k})
+				if err != nil || !bytes.Equal(got, blockValue(i, 1<<20+3)) {
+					t.Fatalf("block %d after fetch: %v", i, err)
+				}
+			}
+			// A second fetch finds everything local.
+			res, _ = eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+			for _, r := range res {
+				if r.Source != "" || r.Err != nil {
+					t.Fatalf("second fetch pulled again: %+v", r)
+				}
+			}
+			c.Eventually("the replica to be located", 10*time.Second, func() bool { return locateNodes(c, 1, keys)["node-2"] == 8 })
+			est := c.Nodes[2].Node.Links().Estimate("node-0", time.Now())
+			if est.Samples == 0 || est.Bytes < 8<<20 {
+				t.Fatalf("the link estimate saw nothing: %+v", est)
+			}
+		})
+	}
+}
+
+// Corrupted bytes are caught by the checksum (DataLoss) and the block is
+// fetched again from another replica.
+func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
+	var faulty *transfer.Faulty
+	c := cluster.New(t, cluster.Config{Nodes: 3, Mutate: func(i int, pc *pool.Config) {
+		if i == 2 {
+			pc.WrapTransport = func(tr transfer.Transport) transfer.Transport {
+				faulty = &transfer.Faulty{Transport: tr}
+				return faulty
+			}
+			// node-0 looks fastest, so it is tried first.
+			pc.Links.Seeds = map[string]transfer.Seed{"node-0": {BytesPerSecond: 10e9}}
+		}
+	}})
+	keys := chainKeys(t, 22, 4)
+	putBlocks(t, c.Client(0, api.PathData), keys, 300_000)
+	putBlocks(t, c.Client(1, api.PathData), keys, 300_000)
+	c.Converged(10 * time.Second)
+	holderOf := func(op transfer.Op) string {
+		for _, d := range c.Nodes {
+			if d.Node.Addr().String() == op.Peer {
+				return d.ID
+			}
+		}
+		return ""
+	}
+	faulty.Corrupt = func(op transfer.Op) bool { return holderOf(op) == "node-0" }
+	res, err := c.Client(2, api.PathData).Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil || r.Source != "node-1" {
+			t.Fatalf("block %d: %+v, want it from node-1 after node-0's bytes failed", i, r)
+		}
+	}
+	// With every replica corrupt, the caller sees DataLoss and nothing is
+	// committed.
+	faulty.Corrupt = func(transfer.Op) bool { return true }
+	more := chainKeys(t, 23, 2)
+	putBlocks(t, c.Client(0, api.PathData), more, 5000)
+	c.Converged(10 * time.Second)
+	res, err = c.Client(2, api.PathData).Fetch(context.Background(), "acme", "llama3-8b", more, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if !errors.Is(r.Err, api.ErrDataLoss) {
+			t.Fatalf("block %d with every copy corrupt: %v, want DataLoss", i, r.Err)
+		}
+	}
+	if ex, _ := c.Client(2, api.PathData).Exists(context.Background(), "acme", "llama3-8b", more); ex[0] || ex[1] {
+		t.Fatal("a corrupt block was committed")
+	}
+}
+
+// A holder killed as the transfer starts gives Unavailable within the
+// deadline, and no partial block is committed; a stalled link never
+// outlives the deadline either.
+func TestFetchFromADeadOrStalledHolder(t *testing.T) {
+	var faulty *transfer.Faulty
+	var kill atomic.Bool
+	var c *cluster.Cluster
+	c = cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		if i == 1 {
+			pc.FetchTimeout = time.Second
+			pc.WrapTransport = func(tr transfer.Transport) transfer.Transport {
+				faulty = &transfer.Faulty{Transport: tr, BeforeSubmit: func([]transfer.Op) {
+					if kill.Swap(false) {
+						c.Kill(0)
+					}
+				}}
+				return faulty
+			}
+		}
+	}})
+	keys := chainKeys(t, 24, 6)
+	putBlocks(t, c.Client(0, api.PathData), keys, 2<<20)
+	c.Converged(10 * time.Second)
+	eng := c.Client(1, api.PathData)
+
+	faulty.Stall.Store(true)
+	start := time.Now()
+	res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys[:3], 0)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if !errors.Is(r.Err, api.ErrUnavailable) {
+			t.Fatalf("stalled link, block %d: %v, want Unavailable", i, r.Err)
+		}
+	}
+	if took > 1500*time.Millisecond {
+		t.Fatalf("a stalled fetch took %v; the deadline is 1 s", took)
+	}
+	faulty.Stall.Store(false)
+
+	kill.Store(true)
+	start = time.Now()
+	res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+	took = time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if !errors.Is(r.Err, api.ErrUnavailable) {
+			t.Fatalf("dead holder, block %d: %v, want Unavailable", i, r.Err)
+		}
+	}
+	if took > 1500*time.Millisecond {
+		t.Fatalf("a fetch from a dead holder took %v; the deadline is 1 s", took)
+	}
+	ex, _ := eng.Exists(context.Background(), "acme", "llama3-8b", keys)
+	for i, e := range ex {
+		if e {
+			t.Fatalf("block %d was committed from a failed transfer", i)
+		}
+	}
+	if st := c.Nodes[1].Node.Store().Stats(); st.Reservations != 0 || st.Blocks != 0 {
+		t.Fatalf("node-1 keeps %d reservations and %d blocks after failed fetches", st.Reservations, st.Blocks)
+	}
+	t.Logf("dead holder reported after %v", took)
+	_ = fmt.Sprint
+}

@@ -347,6 +347,29 @@ func (c *Client) PutResult(ctx context.Context, k BlockKey, value []byte) (PutRe
 	return c.put(ctx, k, value)
 }
 
+// PutReplicas stores value under k on the client's node and has that node
+// place copies on other nodes until `copies` distinct nodes hold it
+// (nodes that already do count). It returns once every copy is committed,
+// or an error saying how many were placed (the local copy stays).
+func (c *Client) PutReplicas(ctx context.Context, k BlockKey, value []byte, copies int) error {
+	if copies < 1 || copies > 1<<16 {
+		return fmt.Errorf("%w: %d copies", ErrInvalidArgument, copies)
+	}
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if c.path == PathGRPC {
+		_, err := c.putGRPCReplicas(ctx, k, value, uint32(copies))
+		return err
+	}
+	// The data channel carries the copy count (shared memory has no room
+	// for it), so same-host clients use it here too.
+	return c.withConn(ctx, func(d *dataConn) error {
+		_, err := d.putReplicas(ctx, k, value, uint32(copies))
+		return err
+	})
+}
+
 func (c *Client) put(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
 	if err := k.Validate(); err != nil {
 		return PutResult{}, err
@@ -387,8 +410,13 @@ func isRemote(err error) bool {
 const RecvChunkBytes = 64 << 10
 
 func (d *dataConn) put(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	return d.putReplicas(ctx, k, value, 0)
+}
+
+func (d *dataConn) putReplicas(ctx context.Context, k BlockKey, value []byte, replicas uint32) (PutResult, error) {
 	defer d.bind(ctx)()
 	r := keyRequest(wire.OpPut, k)
+	r.Replicas = replicas
 	r.Flags = wire.FlagChecksum
 	r.ValueLen = uint64(len(value))
 	d.buf = wire.AppendRequest(d.buf[:0], &r)
@@ -501,12 +529,16 @@ func (d *dataConn) get(ctx context.Context, k BlockKey, dst []byte, alloc bool) 
 }
 
 func (c *Client) putGRPC(ctx context.Context, k BlockKey, value []byte) (PutResult, error) {
+	return c.putGRPCReplicas(ctx, k, value, 0)
+}
+
+func (c *Client) putGRPCReplicas(ctx context.Context, k BlockKey, value []byte, replicas uint32) (PutResult, error) {
 	stream, err := c.rpc.Put(ctx)
 	if err != nil {
 		return PutResult{}, FromStatus(err)
 	}
 	crc := Checksum(value)
-	hdr := &kvpoolv1.PutHeader{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, SizeBytes: uint64(len(value)), Crc32C: &crc}
+	hdr := &kvpoolv1.PutHeader{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, SizeBytes: uint64(len(value)), Crc32C: &crc, Replicas: replicas}
 	if err := stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Header{Header: hdr}}); err != nil {
 		_, err = stream.CloseAndRecv()
 		return PutResult{}, FromStatus(err)

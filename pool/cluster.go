@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sort"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // cluster is a node's membership: its records in etcd (member), its
@@ -345,4 +345,48 @@ func (n *Node) Gossip() *metadata.Gossip {
 	return n.cluster.gossip
 }
 
-var _ = fmt.Sprint
+func (a *adminService) ListLinks(context.Context, *kvpoolv1.ListLinksRequest) (*kvpoolv1.ListLinksResponse, error) {
+	now := a.n.cfg.Now()
+	out := &kvpoolv1.ListLinksResponse{NodeId: a.n.cfg.NodeID, Transport: a.n.cfg.Transport}
+	known := map[string]bool{}
+	for _, e := range a.n.links.All(now) {
+		known[e.Peer] = true
+		out.Links = append(out.Links, linkStatus(e, now))
+	}
+	// Peers never pulled from show their seeds.
+	if c := a.n.cluster; c != nil {
+		for _, ni := range c.mirror.Nodes() {
+			if id := ni.Record.ID; id != a.n.cfg.NodeID && !known[id] {
+				out.Links = append(out.Links, linkStatus(a.n.links.Estimate(id, now), now))
+			}
+		}
+	}
+	sort.Slice(out.Links, func(i, j int) bool { return out.Links[i].Peer < out.Links[j].Peer })
+	return out, nil
+}
+
+func linkStatus(e transfer.Estimate, now time.Time) *kvpoolv1.LinkStatus {
+	idle := -1.0
+	if !e.Updated.IsZero() {
+		idle = now.Sub(e.Updated).Seconds()
+	}
+	return &kvpoolv1.LinkStatus{Peer: e.Peer, BytesPerSecond: e.BytesPerSecond, RttSeconds: e.RTT.Seconds(),
+		BandwidthSamples: uint64(e.Samples), RttSamples: uint64(e.RTTSamples), Bytes: uint64(e.Bytes), IdleSeconds: idle}
+}
+
+// linkCollector reports link estimates at scrape time.
+type linkCollector struct{ n *Node }
+
+var (
+	descLinkBW  = prometheus.NewDesc("kvpool_transfer_link_bandwidth_bytes_per_second", "Estimated bandwidth from a peer.", []string{"peer"}, nil)
+	descLinkRTT = prometheus.NewDesc("kvpool_transfer_link_rtt_seconds", "Estimated round trip to a peer.", []string{"peer"}, nil)
+)
+
+func (lc *linkCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descLinkBW; ch <- descLinkRTT }
+
+func (lc *linkCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range lc.n.links.All(lc.n.cfg.Now()) {
+		ch <- prometheus.MustNewConstMetric(descLinkBW, prometheus.GaugeValue, e.BytesPerSecond, e.Peer)
+		ch <- prometheus.MustNewConstMetric(descLinkRTT, prometheus.GaugeValue, e.RTT.Seconds(), e.Peer)
+	}
+}

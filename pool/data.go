@@ -28,6 +28,7 @@ var sourceBuf = make([]byte, 4<<20)
 // pins and reservations the connection takes (view, reserve): a same-host
 // client's over the unix socket, a peer node's over TCP.
 type dataConn struct {
+	ctx  context.Context
 	n    *Node
 	c    net.Conn
 	br   *bufio.Reader
@@ -61,7 +62,7 @@ func (d *dataConn) discard(n uint64) error {
 // serveData runs one data connection until the peer closes it, a frame is
 // malformed, or the node shuts down.
 func (n *Node) serveData(ctx context.Context, c net.Conn, sess *shmSession) {
-	d := &dataConn{n: n, c: c, br: bufio.NewReaderSize(c, 64<<10), hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
+	d := &dataConn{ctx: ctx, n: n, c: c, br: bufio.NewReaderSize(c, 64<<10), hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
 	if sess != nil {
 		defer sess.end(n.store)
 	}
@@ -201,6 +202,12 @@ func (d *dataConn) put() error {
 	}
 	committed = true
 	cr, err := d.n.store.Commit(res, crc, true, want, r.Flags&wire.FlagChecksum != 0)
+	if err == nil && r.Replicas > 1 {
+		// Placing copies can take a while; the connection's I/O deadline
+		// must not cut the response short.
+		d.c.SetDeadline(time.Time{})
+		_, err = d.n.replicate(d.ctx, r.Tenant, r.Namespace, r.Key, int(r.Replicas))
+	}
 	d.n.metrics.dataOp(wire.OpPut, api.Code(err))
 	resp := &wire.Response{CRC: cr.CRC}
 	if cr.Existed {

@@ -127,7 +127,13 @@ func (g *grpcService) put(stream kvpoolv1.KVPoolService_PutServer) (*kvpoolv1.Pu
 	if err != nil {
 		return nil, err
 	}
-	return &kvpoolv1.PutResponse{Existed: cr.Existed, Crc32C: cr.CRC}, nil
+	nodes := []string{g.n.cfg.NodeID}
+	if h.GetReplicas() > 1 {
+		if nodes, err = g.n.replicate(stream.Context(), tenant, ns, key, int(h.GetReplicas())); err != nil {
+			return nil, err
+		}
+	}
+	return &kvpoolv1.PutResponse{Existed: cr.Existed, Crc32C: cr.CRC, ReplicaNodes: nodes}, nil
 }
 
 func (g *grpcService) Get(req *kvpoolv1.GetRequest, stream kvpoolv1.KVPoolService_GetServer) error {

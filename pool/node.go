@@ -126,6 +126,9 @@ func New(cfg Config) (*Node, error) {
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
 	)...)
 	n.grpcT.RegisterServer(n.grpcSrv)
+	if err := cfg.Registerer.Register(&linkCollector{n}); err != nil {
+		return nil, errors.Join(err, n.Close())
+	}
 	if cfg.Etcd != nil {
 		if n.cluster, err = newCluster(n); err != nil {
 			return nil, errors.Join(err, n.Close())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -195,4 +196,47 @@ func TestFetchFromADeadOrStalledHolder(t *testing.T) {
 	}
 	t.Logf("dead holder reported after %v", took)
 	_ = fmt.Sprint
+}
+
+func TestPutWithReplicas(t *testing.T) {
+	zones := []string{"rack-a", "rack-a", "rack-b", "rack-b"}
+	c := cluster.New(t, cluster.Config{Nodes: 4, Mutate: func(i int, pc *pool.Config) { pc.Zone = zones[i] }})
+	c.Eventually("gossip to see every node", 10*time.Second, func() bool { return len(c.Nodes[0].Node.Gossip().Peers()) == 4 })
+	ctx := context.Background()
+	for _, path := range []api.Path{api.PathData, api.PathGRPC, api.PathShm} {
+		keys := chainKeys(t, uint32(30+path), 1)
+		k := api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: keys[0]}
+		v := blockValue(1, 700_000)
+		if err := c.Client(0, path).PutReplicas(ctx, k, v, 2); err != nil {
+			t.Fatalf("%v: put with 2 copies: %v", path, err)
+		}
+		c.Eventually("two holders located", 10*time.Second, func() bool {
+			got := locateNodes(c, 3, keys)
+			n := 0
+			for _, v := range got {
+				n += v
+			}
+			return n == 2 && got["node-0"] == 1
+		})
+		got := locateNodes(c, 3, keys)
+		if got["node-2"]+got["node-3"] != 1 {
+			t.Fatalf("%v: the second copy should go to the other zone: %v", path, got)
+		}
+		for id, held := range got {
+			if held == 1 {
+				var idx int
+				fmt.Sscanf(id, "node-%d", &idx)
+				b, err := c.Client(idx, api.PathData).GetValue(ctx, k)
+				if err != nil || !bytes.Equal(b, v) {
+					t.Fatalf("%v: the copy on %s: %v", path, id, err)
+				}
+			}
+		}
+	}
+	// More copies than nodes: the caller learns how many were placed.
+	k := api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: []byte("too-many")}
+	err := c.Client(1, api.PathData).PutReplicas(ctx, k, []byte("v"), 5)
+	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "4 of 5 copies") {
+		t.Fatalf("5 copies on 4 nodes: %v", err)
+	}
 }

@@ -31,7 +31,7 @@
 //	 4 key length (u16)          8 value length (u64)
 //	 6 reserved (0)             16 offset in the segment (u64)
 //	 8 CRC-32C (u32)            24 handle (u64)
-//	12 reserved (0)
+//	12 replicas (u32, Put only)
 //	16 value length (u64)
 //	24 handle (u64)
 package wire
@@ -132,9 +132,12 @@ const (
 // Request is a decoded request header with its names and key. The byte
 // slices alias the decoder's buffer and are valid until the next read.
 type Request struct {
-	Op        Op
-	Flags     uint8
-	CRC       uint32
+	Op    Op
+	Flags uint8
+	CRC   uint32
+	// Replicas asks a Put to place this many copies on distinct nodes in
+	// all (0 and 1 mean just this node).
+	Replicas  uint32
 	ValueLen  uint64
 	Handle    uint64
 	Tenant    []byte
@@ -154,6 +157,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	h[3] = byte(len(r.Namespace))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(r.Key)))
 	binary.LittleEndian.PutUint32(h[8:], r.CRC)
+	binary.LittleEndian.PutUint32(h[12:], r.Replicas)
 	binary.LittleEndian.PutUint64(h[16:], r.ValueLen)
 	binary.LittleEndian.PutUint64(h[24:], r.Handle)
 	b = append(b, h[:]...)
@@ -174,6 +178,7 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 	tl, nl := int(h[2]), int(h[3])
 	kl := int(binary.LittleEndian.Uint16(h[4:]))
 	r.CRC = binary.LittleEndian.Uint32(h[8:])
+	r.Replicas = binary.LittleEndian.Uint32(h[12:])
 	r.ValueLen = binary.LittleEndian.Uint64(h[16:])
 	r.Handle = binary.LittleEndian.Uint64(h[24:])
 	switch {
@@ -181,7 +186,7 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 		return 0, fmt.Errorf("%w: unknown op %d", ErrProtocol, h[0])
 	case r.Flags&^FlagChecksum != 0:
 		return 0, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, r.Flags)
-	case binary.LittleEndian.Uint16(h[6:]) != 0 || binary.LittleEndian.Uint32(h[12:]) != 0:
+	case binary.LittleEndian.Uint16(h[6:]) != 0 || (r.Op != OpPut && r.Replicas != 0):
 		return 0, fmt.Errorf("%w: reserved header bytes are not zero", ErrProtocol)
 	case tl > MaxNameBytes || nl > MaxNameBytes:
 		return 0, fmt.Errorf("%w: name longer than %d bytes", ErrProtocol, MaxNameBytes)

@@ -8,7 +8,7 @@ import (
 )
 
 func TestRequestRoundTrip(t *testing.T) {
-	in := Request{Op: OpPut, Flags: FlagChecksum, CRC: 0xdeadbeef, ValueLen: 2 << 20, Handle: 77,
+	in := Request{Op: OpPut, Flags: FlagChecksum, CRC: 0xdeadbeef, Replicas: 3, ValueLen: 2 << 20, Handle: 77,
 		Tenant: []byte("acme"), Namespace: []byte("llama3-8b"), Key: bytes.Repeat([]byte{9}, MaxKeyBytes)}
 	b := AppendRequest(nil, &in)
 	var out Request
@@ -16,7 +16,7 @@ func TestRequestRoundTrip(t *testing.T) {
 	if err := ReadRequest(bytes.NewReader(b), buf, &out); err != nil {
 		t.Fatal(err)
 	}
-	if out.Op != in.Op || out.Flags != in.Flags || out.CRC != in.CRC || out.ValueLen != in.ValueLen || out.Handle != in.Handle ||
+	if out.Op != in.Op || out.Flags != in.Flags || out.CRC != in.CRC || out.Replicas != in.Replicas || out.ValueLen != in.ValueLen || out.Handle != in.Handle ||
 		!bytes.Equal(out.Tenant, in.Tenant) || !bytes.Equal(out.Namespace, in.Namespace) || !bytes.Equal(out.Key, in.Key) {
 		t.Fatalf("round trip: got %+v, want %+v", out, in)
 	}
@@ -37,12 +37,13 @@ func TestDecodeRejects(t *testing.T) {
 	good := AppendRequest(nil, &Request{Op: OpGet, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")})
 	mut := func(f func(b []byte)) []byte { b := bytes.Clone(good); f(b); return b }
 	cases := map[string][]byte{
-		"op zero":        mut(func(b []byte) { b[0] = 0 }),
-		"unknown op":     mut(func(b []byte) { b[0] = byte(NumOps) }),
-		"unknown flag":   mut(func(b []byte) { b[1] = 0x80 }),
-		"reserved bytes": mut(func(b []byte) { b[6] = 1 }),
-		"long tenant":    mut(func(b []byte) { b[2] = MaxNameBytes + 1 }),
-		"long key":       mut(func(b []byte) { b[4], b[5] = 0, 1 }),
+		"op zero":           mut(func(b []byte) { b[0] = 0 }),
+		"unknown op":        mut(func(b []byte) { b[0] = byte(NumOps) }),
+		"unknown flag":      mut(func(b []byte) { b[1] = 0x80 }),
+		"reserved bytes":    mut(func(b []byte) { b[6] = 1 }),
+		"replicas on a get": mut(func(b []byte) { b[12] = 2 }),
+		"long tenant":       mut(func(b []byte) { b[2] = MaxNameBytes + 1 }),
+		"long key":          mut(func(b []byte) { b[4], b[5] = 0, 1 }),
 	}
 	for name, b := range cases {
 		var r Request

@@ -28,7 +28,7 @@ alive, and their load). Tables by default, --json for machines.`,
 			return usageError{error: fmt.Errorf("admin needs a subcommand: nodes, locate, blocks or stats")}
 		},
 	}
-	c.AddCommand(adminNodesCmd(e), adminLocateCmd(e), adminBlocksCmd(e), adminStatsCmd(e))
+	c.AddCommand(adminNodesCmd(e), adminLocateCmd(e), adminBlocksCmd(e), adminStatsCmd(e), adminLinksCmd(e))
 	return c
 }
 
@@ -309,4 +309,46 @@ func printClusterStats(w io.Writer, r *kvpoolv1.ClusterStatsResponse) {
 	fmt.Fprintf(tw, "published by %s\t%d records in %d batches, %d snapshots, %d queued, %d etcd failures\n",
 		r.GetAnsweredBy(), r.GetPublishedRecords(), r.GetPublishedBatches(), r.GetPublishedSnapshots(), r.GetPublishQueued(), r.GetPublishFailures())
 	tw.Flush()
+}
+
+func adminLinksCmd(e *env) *cobra.Command {
+	var f adminFlags
+	c := &cobra.Command{
+		Use:   "links",
+		Short: "Show the daemon's measured bandwidth and latency to each peer",
+		Long: `links shows, for each peer, the bandwidth and round trip the daemon measured on
+real transfers (a moving average that decays back toward the configured seed
+while the link is idle), or the seed when nothing was measured yet. The
+fetch-or-recompute cost model reads these.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
+				r, err := a.ListLinks(ctx, &kvpoolv1.ListLinksRequest{})
+				if err != nil {
+					return err
+				}
+				if f.asJSON {
+					links := []map[string]any{}
+					for _, l := range r.GetLinks() {
+						links = append(links, map[string]any{"peer": l.GetPeer(), "bytes_per_second": l.GetBytesPerSecond(), "rtt_seconds": l.GetRttSeconds(),
+							"bandwidth_samples": l.GetBandwidthSamples(), "rtt_samples": l.GetRttSamples(), "bytes": l.GetBytes(), "idle_seconds": l.GetIdleSeconds()})
+					}
+					return printJSON(e.stdout, map[string]any{"node": r.GetNodeId(), "transport": r.GetTransport(), "links": links})
+				}
+				fmt.Fprintf(e.stdout, "links from %s (transport %s)\n", r.GetNodeId(), r.GetTransport())
+				w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "PEER\tBANDWIDTH\tRTT\tSAMPLES\tMOVED\tIDLE")
+				for _, l := range r.GetLinks() {
+					idle, samples := "never measured (seed)", fmt.Sprint(l.GetBandwidthSamples())
+					if l.GetIdleSeconds() >= 0 {
+						idle = seconds(l.GetIdleSeconds())
+					}
+					fmt.Fprintf(w, "%s\t%.2f GB/s\t%s\t%s\t%s\t%s\n", l.GetPeer(), l.GetBytesPerSecond()/1e9, seconds(l.GetRttSeconds()), samples, humanBytes(l.GetBytes()), idle)
+				}
+				return w.Flush()
+			})
+		},
+	}
+	f.register(c)
+	return c
 }

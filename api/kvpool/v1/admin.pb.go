@@ -833,6 +833,196 @@ func (x *ClusterStatsResponse) GetAnsweredBy() string {
 	return ""
 }
 
+type ListLinksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLinksRequest) Reset() {
+	*x = ListLinksRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLinksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLinksRequest) ProtoMessage() {}
+
+func (x *ListLinksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLinksRequest.ProtoReflect.Descriptor instead.
+func (*ListLinksRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+type LinkStatus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Peer           string                 `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
+	BytesPerSecond float64                `protobuf:"fixed64,2,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	RttSeconds     float64                `protobuf:"fixed64,3,opt,name=rtt_seconds,json=rttSeconds,proto3" json:"rtt_seconds,omitempty"`
+	// Transfers that measured bandwidth; 0 means the values are the seed.
+	BandwidthSamples uint64 `protobuf:"varint,4,opt,name=bandwidth_samples,json=bandwidthSamples,proto3" json:"bandwidth_samples,omitempty"`
+	RttSamples       uint64 `protobuf:"varint,5,opt,name=rtt_samples,json=rttSamples,proto3" json:"rtt_samples,omitempty"`
+	Bytes            uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Seconds since the last measurement; -1 when never measured.
+	IdleSeconds   float64 `protobuf:"fixed64,7,opt,name=idle_seconds,json=idleSeconds,proto3" json:"idle_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinkStatus) Reset() {
+	*x = LinkStatus{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinkStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinkStatus) ProtoMessage() {}
+
+func (x *LinkStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
+func (*LinkStatus) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LinkStatus) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *LinkStatus) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetRttSeconds() float64 {
+	if x != nil {
+		return x.RttSeconds
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetBandwidthSamples() uint64 {
+	if x != nil {
+		return x.BandwidthSamples
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetRttSamples() uint64 {
+	if x != nil {
+		return x.RttSamples
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetIdleSeconds() float64 {
+	if x != nil {
+		return x.IdleSeconds
+	}
+	return 0
+}
+
+type ListLinksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Transport     string                 `protobuf:"bytes,2,opt,name=transport,proto3" json:"transport,omitempty"`
+	Links         []*LinkStatus          `protobuf:"bytes,3,rep,name=links,proto3" json:"links,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLinksResponse) Reset() {
+	*x = ListLinksResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLinksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLinksResponse) ProtoMessage() {}
+
+func (x *ListLinksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLinksResponse.ProtoReflect.Descriptor instead.
+func (*ListLinksResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListLinksResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ListLinksResponse) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *ListLinksResponse) GetLinks() []*LinkStatus {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
 var File_kvpool_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_admin_proto_rawDesc = "" +
@@ -913,13 +1103,30 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x10publish_failures\x18\x0e \x01(\x04R\x0fpublishFailures\x12%\n" +
 	"\x0epublish_queued\x18\x0f \x01(\x04R\rpublishQueued\x12\x1f\n" +
 	"\vanswered_by\x18\x10 \x01(\tR\n" +
-	"answeredBy2\xc6\x02\n" +
+	"answeredBy\"\x12\n" +
+	"\x10ListLinksRequest\"\xf2\x01\n" +
+	"\n" +
+	"LinkStatus\x12\x12\n" +
+	"\x04peer\x18\x01 \x01(\tR\x04peer\x12(\n" +
+	"\x10bytes_per_second\x18\x02 \x01(\x01R\x0ebytesPerSecond\x12\x1f\n" +
+	"\vrtt_seconds\x18\x03 \x01(\x01R\n" +
+	"rttSeconds\x12+\n" +
+	"\x11bandwidth_samples\x18\x04 \x01(\x04R\x10bandwidthSamples\x12\x1f\n" +
+	"\vrtt_samples\x18\x05 \x01(\x04R\n" +
+	"rttSamples\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12!\n" +
+	"\fidle_seconds\x18\a \x01(\x01R\vidleSeconds\"w\n" +
+	"\x11ListLinksResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
+	"\ttransport\x18\x02 \x01(\tR\ttransport\x12+\n" +
+	"\x05links\x18\x03 \x03(\v2\x15.kvpool.v1.LinkStatusR\x05links2\x8e\x03\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.kvpool.v1.ListNodesRequest\x1a\x1c.kvpool.v1.ListNodesResponse\x12R\n" +
 	"\rClusterLocate\x12\x1f.kvpool.v1.ClusterLocateRequest\x1a .kvpool.v1.ClusterLocateResponse\x12I\n" +
 	"\n" +
 	"ListBlocks\x12\x1c.kvpool.v1.ListBlocksRequest\x1a\x1d.kvpool.v1.ListBlocksResponse\x12O\n" +
-	"\fClusterStats\x12\x1e.kvpool.v1.ClusterStatsRequest\x1a\x1f.kvpool.v1.ClusterStatsResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\fClusterStats\x12\x1e.kvpool.v1.ClusterStatsRequest\x1a\x1f.kvpool.v1.ClusterStatsResponse\x12F\n" +
+	"\tListLinks\x12\x1b.kvpool.v1.ListLinksRequest\x1a\x1c.kvpool.v1.ListLinksResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_admin_proto_rawDescOnce sync.Once
@@ -933,7 +1140,7 @@ func file_kvpool_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_admin_proto_rawDescData
 }
 
-var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_kvpool_v1_admin_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),      // 0: kvpool.v1.ListNodesRequest
 	(*NodeStatus)(nil),            // 1: kvpool.v1.NodeStatus
@@ -946,26 +1153,32 @@ var file_kvpool_v1_admin_proto_goTypes = []any{
 	(*ListBlocksResponse)(nil),    // 8: kvpool.v1.ListBlocksResponse
 	(*ClusterStatsRequest)(nil),   // 9: kvpool.v1.ClusterStatsRequest
 	(*ClusterStatsResponse)(nil),  // 10: kvpool.v1.ClusterStatsResponse
-	nil,                           // 11: kvpool.v1.NodeStatus.AddrsEntry
+	(*ListLinksRequest)(nil),      // 11: kvpool.v1.ListLinksRequest
+	(*LinkStatus)(nil),            // 12: kvpool.v1.LinkStatus
+	(*ListLinksResponse)(nil),     // 13: kvpool.v1.ListLinksResponse
+	nil,                           // 14: kvpool.v1.NodeStatus.AddrsEntry
 }
 var file_kvpool_v1_admin_proto_depIdxs = []int32{
-	11, // 0: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
+	14, // 0: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
 	1,  // 1: kvpool.v1.ListNodesResponse.nodes:type_name -> kvpool.v1.NodeStatus
 	4,  // 2: kvpool.v1.ClusterLocateResponse.nodes:type_name -> kvpool.v1.NodePrefix
 	7,  // 3: kvpool.v1.ListBlocksResponse.blocks:type_name -> kvpool.v1.BlockRef
-	0,  // 4: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
-	3,  // 5: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
-	6,  // 6: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
-	9,  // 7: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
-	2,  // 8: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
-	5,  // 9: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
-	8,  // 10: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
-	10, // 11: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	12, // 4: kvpool.v1.ListLinksResponse.links:type_name -> kvpool.v1.LinkStatus
+	0,  // 5: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
+	3,  // 6: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
+	6,  // 7: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
+	9,  // 8: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
+	11, // 9: kvpool.v1.AdminService.ListLinks:input_type -> kvpool.v1.ListLinksRequest
+	2,  // 10: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
+	5,  // 11: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
+	8,  // 12: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
+	10, // 13: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
+	13, // 14: kvpool.v1.AdminService.ListLinks:output_type -> kvpool.v1.ListLinksResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_admin_proto_init() }
@@ -979,7 +1192,7 @@ func file_kvpool_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_admin_proto_rawDesc), len(file_kvpool_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	AdminService_ClusterLocate_FullMethodName = "/kvpool.v1.AdminService/ClusterLocate"
 	AdminService_ListBlocks_FullMethodName    = "/kvpool.v1.AdminService/ListBlocks"
 	AdminService_ClusterStats_FullMethodName  = "/kvpool.v1.AdminService/ClusterStats"
+	AdminService_ListLinks_FullMethodName     = "/kvpool.v1.AdminService/ListLinks"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -43,6 +44,9 @@ type AdminServiceClient interface {
 	ListBlocks(ctx context.Context, in *ListBlocksRequest, opts ...grpc.CallOption) (*ListBlocksResponse, error)
 	// ClusterStats summarizes the cluster and this daemon's metadata work.
 	ClusterStats(ctx context.Context, in *ClusterStatsRequest, opts ...grpc.CallOption) (*ClusterStatsResponse, error)
+	// ListLinks shows this daemon's measured bandwidth and latency to each
+	// peer it has pulled from, or their seeds when nothing was measured.
+	ListLinks(ctx context.Context, in *ListLinksRequest, opts ...grpc.CallOption) (*ListLinksResponse, error)
 }
 
 type adminServiceClient struct {
@@ -93,6 +97,16 @@ func (c *adminServiceClient) ClusterStats(ctx context.Context, in *ClusterStatsR
 	return out, nil
 }
 
+func (c *adminServiceClient) ListLinks(ctx context.Context, in *ListLinksRequest, opts ...grpc.CallOption) (*ListLinksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLinksResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListLinks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -108,6 +122,9 @@ type AdminServiceServer interface {
 	ListBlocks(context.Context, *ListBlocksRequest) (*ListBlocksResponse, error)
 	// ClusterStats summarizes the cluster and this daemon's metadata work.
 	ClusterStats(context.Context, *ClusterStatsRequest) (*ClusterStatsResponse, error)
+	// ListLinks shows this daemon's measured bandwidth and latency to each
+	// peer it has pulled from, or their seeds when nothing was measured.
+	ListLinks(context.Context, *ListLinksRequest) (*ListLinksResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -129,6 +146,9 @@ func (UnimplementedAdminServiceServer) ListBlocks(context.Context, *ListBlocksRe
 }
 func (UnimplementedAdminServiceServer) ClusterStats(context.Context, *ClusterStatsRequest) (*ClusterStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStats not implemented")
+}
+func (UnimplementedAdminServiceServer) ListLinks(context.Context, *ListLinksRequest) (*ListLinksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLinks not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -223,6 +243,24 @@ func _AdminService_ClusterStats_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListLinks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLinksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListLinks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListLinks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListLinks(ctx, req.(*ListLinksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -245,6 +283,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStats",
 			Handler:    _AdminService_ClusterStats_Handler,
+		},
+		{
+			MethodName: "ListLinks",
+			Handler:    _AdminService_ListLinks_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

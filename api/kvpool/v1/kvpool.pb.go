@@ -103,7 +103,10 @@ type PutHeader struct {
 	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// CRC-32C of the value. When present the node rejects a value whose
 	// checksum differs (DataLoss); when absent the node takes it at commit.
-	Crc32C        *uint32 `protobuf:"varint,3,opt,name=crc32c,proto3,oneof" json:"crc32c,omitempty"`
+	Crc32C *uint32 `protobuf:"varint,3,opt,name=crc32c,proto3,oneof" json:"crc32c,omitempty"`
+	// Copies to place on distinct nodes in all, this one included; 0 or 1
+	// means just this node. The put returns once every copy is committed.
+	Replicas      uint32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -155,6 +158,13 @@ func (x *PutHeader) GetSizeBytes() uint64 {
 func (x *PutHeader) GetCrc32C() uint32 {
 	if x != nil && x.Crc32C != nil {
 		return *x.Crc32C
+	}
+	return 0
+}
+
+func (x *PutHeader) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
 	}
 	return 0
 }
@@ -246,7 +256,9 @@ type PutResponse struct {
 	// True when an identical block was already committed under the key.
 	Existed bool `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
 	// The checksum stored with the block.
-	Crc32C        uint32 `protobuf:"varint,2,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	Crc32C uint32 `protobuf:"varint,2,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	// The nodes holding a copy this put placed or found, this one first.
+	ReplicaNodes  []string `protobuf:"bytes,3,rep,name=replica_nodes,json=replicaNodes,proto3" json:"replica_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +305,13 @@ func (x *PutResponse) GetCrc32C() uint32 {
 		return x.Crc32C
 	}
 	return 0
+}
+
+func (x *PutResponse) GetReplicaNodes() []string {
+	if x != nil {
+		return x.ReplicaNodes
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -1898,21 +1917,23 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\bBlockKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\fR\x03key\"y\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\"\x95\x01\n" +
 	"\tPutHeader\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12\x1b\n" +
-	"\x06crc32c\x18\x03 \x01(\rH\x00R\x06crc32c\x88\x01\x01B\t\n" +
+	"\x06crc32c\x18\x03 \x01(\rH\x00R\x06crc32c\x88\x01\x01\x12\x1a\n" +
+	"\breplicas\x18\x04 \x01(\rR\breplicasB\t\n" +
 	"\a_crc32c\"[\n" +
 	"\n" +
 	"PutRequest\x12.\n" +
 	"\x06header\x18\x01 \x01(\v2\x14.kvpool.v1.PutHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"?\n" +
+	"\x03msg\"d\n" +
 	"\vPutResponse\x12\x18\n" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\x12\x16\n" +
-	"\x06crc32c\x18\x02 \x01(\rR\x06crc32c\"T\n" +
+	"\x06crc32c\x18\x02 \x01(\rR\x06crc32c\x12#\n" +
+	"\rreplica_nodes\x18\x03 \x03(\tR\freplicaNodes\"T\n" +
 	"\n" +
 	"GetRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x1f\n" +

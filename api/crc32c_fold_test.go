@@ -84,3 +84,34 @@ func sizeName(n int) string {
 	}
 	return strconv.Itoa(n>>10) + "KiB"
 }
+
+func TestCombineChecksum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	p := make([]byte, 3<<20)
+	for i := range p {
+		p[i] = byte(rng.Uint32())
+	}
+	for _, cut := range [][]int{{0}, {1}, {4096}, {1 << 20, 2 << 20}, {7, 100, 65536, 1<<20 + 3}} {
+		var crc uint32
+		prev := 0
+		for _, c := range append(cut, len(p)) {
+			crc = CombineChecksum(crc, Checksum(p[prev:c]), int64(c-prev))
+			prev = c
+		}
+		if want := Checksum(p); crc != want {
+			t.Fatalf("cuts %v: combined %08x, want %08x", cut, crc, want)
+		}
+	}
+	if got := CombineChecksum(Checksum([]byte("abc")), Checksum(nil), 0); got != Checksum([]byte("abc")) {
+		t.Fatal("combining an empty piece changed the checksum")
+	}
+}
+
+func FuzzCombineChecksum(f *testing.F) {
+	f.Add([]byte("hello, "), []byte("world"))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		if got, want := CombineChecksum(Checksum(a), Checksum(b), int64(len(b))), Checksum(append(append([]byte{}, a...), b...)); got != want {
+			t.Fatalf("combine(%q, %q) = %08x, want %08x", a, b, got, want)
+		}
+	})
+}

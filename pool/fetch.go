@@ -172,7 +172,7 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 		}
 		res[k] = r
 		opOf[k] = len(ops)
-		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: addr, Region: arenaRegion, Offset: p.offset, Local: r.Bytes()})
+		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: addr, Region: arenaRegion, Offset: p.offset, Local: r.Bytes(), Checksum: true})
 	}
 	t0 := time.Now()
 	batch := n.transport.Submit(ctx, ops)
@@ -198,9 +198,9 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 			out[k].Err = api.Errorf(api.ErrUnavailable, "pool: read from %s: %v", holder.ID, err)
 			continue
 		}
-		// The holder's checksum travelled with the pin; the bytes are
-		// checked on arrival and the block committed as a replica.
-		cr, err := n.store.Commit(r, api.Checksum(r.Bytes()), true, pins[k].crc, true)
+		// The holder's checksum travelled with the pin; the transport
+		// checksummed the bytes as they arrived; the commit compares them.
+		cr, err := n.store.Commit(r, batch.OpCRC(opOf[k]), true, pins[k].crc, true)
 		if err != nil && !errors.Is(err, api.ErrAlreadyExists) {
 			out[k].Err = err
 			continue

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // pair is a client transport and the address of a peer serving region 7.
@@ -115,6 +117,23 @@ func runConformance(t *testing.T, newPair factory) {
 		for i, op := range ops {
 			if !bytes.Equal(op.Local, mem[op.Offset:op.Offset+uint64(len(op.Local))]) {
 				t.Fatalf("op %d: wrong bytes", i)
+			}
+		}
+	})
+	t.Run("checksummed reads report the CRC of what arrived", func(t *testing.T) {
+		mem := pattern(12<<20, 12)
+		p := newPair(t, mem)
+		var ops []Op
+		for i, n := range []int{1, 64 << 10, 1<<20 + 7, 5 << 20, 0} {
+			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(i * 333), Local: make([]byte, n), Checksum: true})
+		}
+		b := p.client.Submit(ctx, ops)
+		if err := b.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, op := range ops {
+			if got, want := b.OpCRC(i), api.Checksum(mem[op.Offset:op.Offset+uint64(len(op.Local))]); got != want {
+				t.Fatalf("op %d (%d bytes): crc %08x, want %08x", i, len(op.Local), got, want)
 			}
 		}
 	})

@@ -3,6 +3,8 @@ package transfer
 import (
 	"context"
 	"sync/atomic"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // Faulty wraps a Transport to inject faults, for tests: corrupt bytes that
@@ -43,14 +45,20 @@ func (f *Faulty) Submit(ctx context.Context, ops []Op) *Batch {
 		<-inner.Done()
 		for i, op := range ops {
 			err := inner.OpErr(i)
+			crc := inner.OpCRC(i)
 			if err == nil && op.Kind == Read && len(op.Local) > 0 && f.Corrupt(op) {
+				// As if the wire damaged it: the receiver's checksum sees
+				// the damaged bytes.
 				op.Local[len(op.Local)/2] ^= 0x5a
+				if op.Checksum {
+					crc = api.Checksum(op.Local)
+				}
 			}
 			n := uint64(0)
 			if err == nil {
 				n = uint64(len(op.Local))
 			}
-			out.Complete(i, n, err)
+			out.CompleteCRC(i, n, crc, err)
 		}
 	}()
 	return out

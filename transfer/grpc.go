@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // The grpc transport moves bytes over gRPC streams with a raw-bytes codec
@@ -241,42 +243,58 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 		parts := min(g.cfg.StreamsPerOp, max(1, len(op.Local)/grpcChunkBytes))
 		var left sync.WaitGroup
 		errs := make([]error, parts)
+		crcs := make([]uint32, parts)
+		bounds := make([]int, parts+1)
+		for p := range parts + 1 {
+			bounds[p] = p * len(op.Local) / parts
+		}
 		for p := range parts {
-			lo, hi := p*len(op.Local)/parts, (p+1)*len(op.Local)/parts
 			left.Add(1)
 			g.wg.Go(func() {
 				defer left.Done()
-				errs[p] = g.run(ctx, c, &op, op.Offset+uint64(lo), op.Local[lo:hi])
+				crcs[p], errs[p] = g.run(ctx, c, &op, op.Offset+uint64(bounds[p]), op.Local[bounds[p]:bounds[p+1]])
 			})
 		}
 		g.wg.Go(func() {
 			left.Wait()
 			if err := errors.Join(errs...); err != nil {
 				b.Complete(i, 0, err)
-			} else {
-				b.Complete(i, uint64(len(op.Local)), nil)
+				return
 			}
+			var crc uint32
+			for p := range parts {
+				crc = api.CombineChecksum(crc, crcs[p], int64(bounds[p+1]-bounds[p]))
+			}
+			b.CompleteCRC(i, uint64(len(op.Local)), crc, nil)
 		})
 	}
 	return b
 }
 
-func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) error {
+// run moves one range on one stream; for a checksummed read it returns the
+// range's CRC-32C, computed as each message lands.
+func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) (uint32, error) {
+	crc, err := g.runRange(ctx, c, op, off, local)
+	return crc, err
+}
+
+func (g *GRPC) runRange(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) (uint32, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hdr := &rawFrame{b: grpcHeader(op, off, len(local))}
 	if op.Kind == Read {
 		stream, err := c.NewStream(ctx, &grpc.StreamDesc{StreamName: "Read", ServerStreams: true}, "/"+grpcService+"/Read")
 		if err != nil {
-			return g.opErr(ctx, op, err)
+			return 0, g.opErr(ctx, op, err)
 		}
 		if err := stream.SendMsg(hdr); err != nil {
-			return g.opErr(ctx, op, err)
+			return 0, g.opErr(ctx, op, err)
 		}
 		if err := stream.CloseSend(); err != nil {
-			return g.opErr(ctx, op, err)
+			return 0, g.opErr(ctx, op, err)
 		}
 		got := 0
+		var crc uint32
 		for {
 			f := rawFrame{dst: local[got:]}
 			err := stream.RecvMsg(&f)
@@ -284,21 +302,24 @@ func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, 
 				break
 			}
 			if err != nil {
-				return g.opErr(ctx, op, err)
+				return 0, g.opErr(ctx, op, err)
+			}
+			if op.Checksum {
+				crc = api.UpdateChecksum(crc, local[got:got+f.n])
 			}
 			got += f.n
 		}
 		if got != len(local) {
-			return fmt.Errorf("%w: %s sent %d of %d bytes", ErrPeer, op.Peer, got, len(local))
+			return 0, fmt.Errorf("%w: %s sent %d of %d bytes", ErrPeer, op.Peer, got, len(local))
 		}
-		return nil
+		return crc, nil
 	}
 	stream, err := c.NewStream(ctx, &grpc.StreamDesc{StreamName: "Write", ClientStreams: true}, "/"+grpcService+"/Write")
 	if err != nil {
-		return g.opErr(ctx, op, err)
+		return 0, g.opErr(ctx, op, err)
 	}
 	if err := stream.SendMsg(hdr); err != nil {
-		return g.opErr(ctx, op, err)
+		return 0, g.opErr(ctx, op, err)
 	}
 	for rest := local; len(rest) > 0; {
 		k := min(len(rest), grpcChunkBytes)
@@ -308,13 +329,13 @@ func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, 
 		rest = rest[k:]
 	}
 	if err := stream.CloseSend(); err != nil {
-		return g.opErr(ctx, op, err)
+		return 0, g.opErr(ctx, op, err)
 	}
 	var ack rawFrame
 	if err := stream.RecvMsg(&ack); err != nil {
-		return g.opErr(ctx, op, err)
+		return 0, g.opErr(ctx, op, err)
 	}
-	return nil
+	return 0, nil
 }
 
 func (g *GRPC) opErr(ctx context.Context, op *Op, err error) error {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // TCPPreamble opens a transfer connection; a node's listener routes
@@ -88,43 +90,54 @@ const (
 	tcpRespBytes = 16
 )
 
+// opState is one op of a batch, spread over slices.
+type opState struct {
+	b        *Batch
+	i        int
+	bytes    uint64
+	checksum bool
+	slices   []slice
+	left     atomic.Int32
+	err      atomic.Pointer[error]
+}
+
 // slice is one request on one connection: a piece of an op.
 type slice struct {
-	b       *Batch
-	op      int
-	opBytes uint64
-	kind    Kind
-	region  RegionID
-	offset  uint64
-	local   []byte
-	opLeft  *atomic.Int32 // slices of the op still pending
-	opErr   *atomic.Pointer[error]
+	op     *opState
+	kind   Kind
+	region RegionID
+	offset uint64
+	local  []byte
+	crc    uint32 // of what a checksummed read received
 }
 
 func (s *slice) finish(err error) {
+	o := s.op
 	if err != nil {
-		s.opErr.CompareAndSwap(nil, &err)
+		o.err.CompareAndSwap(nil, &err)
 	}
-	if s.opLeft.Add(-1) == 0 {
-		if p := s.opErr.Load(); p != nil {
-			s.b.Complete(s.op, 0, *p)
-		} else {
-			s.b.Complete(s.op, s.opBytes, nil)
+	if o.left.Add(-1) != 0 {
+		return
+	}
+	if p := o.err.Load(); p != nil {
+		o.b.Complete(o.i, 0, *p)
+		return
+	}
+	var crc uint32
+	if o.checksum {
+		// Slices finish in any order, over any connection: combine their
+		// checksums in offset order.
+		for k := range o.slices {
+			crc = api.CombineChecksum(crc, o.slices[k].crc, int64(len(o.slices[k].local)))
 		}
 	}
+	o.b.CompleteCRC(o.i, o.bytes, crc, nil)
 }
 
 // Submit implements Transport.
 func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 	b := NewBatch(len(ops))
-	// One allocation per batch for all its slices: none per slice.
-	n := 0
-	for _, op := range ops {
-		n += max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
-	}
-	slices := make([]slice, 0, n)
-	lefts := make([]atomic.Int32, len(ops))
-	errs := make([]atomic.Pointer[error], len(ops))
+	// One allocation per op for its slices: none per slice.
 	type route struct {
 		conn *tcpConn
 		s    []*slice
@@ -142,12 +155,12 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 			continue
 		}
 		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
-		lefts[i].Store(int32(pieces))
+		o := &opState{b: b, i: i, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read, slices: make([]slice, pieces)}
+		o.left.Store(int32(pieces))
 		for p := range pieces {
 			lo := min(p*t.cfg.SliceBytes, len(op.Local))
 			hi := min(lo+t.cfg.SliceBytes, len(op.Local))
-			slices = append(slices, slice{b: b, op: i, opBytes: uint64(len(op.Local)), kind: op.Kind, region: op.Region,
-				offset: op.Offset + uint64(lo), local: op.Local[lo:hi:hi], opLeft: &lefts[i], opErr: &errs[i]})
+			o.slices[p] = slice{op: o, kind: op.Kind, region: op.Region, offset: op.Offset + uint64(lo), local: op.Local[lo:hi:hi]}
 			c := peer.next()
 			k, ok := byConn[c]
 			if !ok {
@@ -155,7 +168,7 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 				byConn[c] = k
 				routes = append(routes, route{conn: c})
 			}
-			routes[k].s = append(routes[k].s, &slices[len(slices)-1])
+			routes[k].s = append(routes[k].s, &o.slices[p])
 		}
 	}
 	for _, r := range routes {
@@ -170,10 +183,10 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 				r.conn.fail(fmt.Errorf("transfer: %w", ctx.Err()))
 			}
 		})
-		go func() {
-			<-b.done
-			stop()
-		}()
+		// Disarmed before Wait returns: a caller that cancels its context
+		// after the batch is done must not break connections later
+		// batches use.
+		b.OnDone(func() { stop() })
 	}
 	return b
 }
@@ -422,7 +435,13 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 			s.finish(c.error())
 			return
 		case s.kind == Read:
-			if _, err := readPieces(br, s.local); err != nil {
+			var err error
+			if s.op.checksum {
+				s.crc, err = readPiecesCRC(br, s.local)
+			} else {
+				_, err = readPieces(br, s.local)
+			}
+			if err != nil {
 				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
 				s.finish(c.error())
 				return
@@ -449,6 +468,25 @@ func readPieces(r io.Reader, dst []byte) (int, error) {
 		}
 	}
 	return off, nil
+}
+
+// readPiecesCRC is readPieces that also returns the CRC-32C of dst,
+// computed piece by piece while each is in cache.
+func readPiecesCRC(r io.Reader, dst []byte) (uint32, error) {
+	var crc uint32
+	off := 0
+	for off < len(dst) {
+		k, err := r.Read(dst[off:min(off+64<<10, len(dst))])
+		crc = api.UpdateChecksum(crc, dst[off:off+k])
+		off += k
+		if err != nil && off < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+	}
+	return crc, nil
 }
 
 // ServeConn serves a peer's requests on c, after its preamble, until the

@@ -62,6 +62,11 @@ type Op struct {
 	// Local is the caller's buffer. It MUST NOT be touched until the batch
 	// completes.
 	Local []byte
+	// Checksum asks a read to compute the CRC-32C of the bytes as they
+	// arrive, while they are in cache (Batch.OpCRC): the receiver must
+	// verify what crossed the wire, and reading it all again afterwards
+	// would cost a pass over cold memory.
+	Checksum bool
 }
 
 // Transport moves bytes one-sidedly between registered memory on peers and
@@ -95,14 +100,17 @@ type Batch struct {
 	done    chan struct{}
 	mu      sync.Mutex
 	errs    []error
+	crcs    []uint32
 	pending int
 	bytes   uint64
+	// onDone runs once, as the last op completes and before Done closes.
+	onDone func()
 }
 
 // NewBatch returns a batch of n ops; implementations call Complete once
 // per op.
 func NewBatch(n int) *Batch {
-	b := &Batch{done: make(chan struct{}), errs: make([]error, n), pending: n}
+	b := &Batch{done: make(chan struct{}), errs: make([]error, n), crcs: make([]uint32, n), pending: n}
 	if n == 0 {
 		close(b.done)
 	}
@@ -110,15 +118,35 @@ func NewBatch(n int) *Batch {
 }
 
 // Complete records op i's outcome and how many bytes it moved.
-func (b *Batch) Complete(i int, moved uint64, err error) {
+func (b *Batch) Complete(i int, moved uint64, err error) { b.CompleteCRC(i, moved, 0, err) }
+
+// CompleteCRC is Complete for a read that computed its checksum.
+func (b *Batch) CompleteCRC(i int, moved uint64, crc uint32, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.errs[i] = err
+	b.crcs[i] = crc
 	b.bytes += moved
 	b.pending--
 	if b.pending == 0 {
+		if b.onDone != nil {
+			b.onDone()
+		}
 		close(b.done)
 	}
+}
+
+// OnDone sets f to run as the batch completes, before Done is closed (or
+// now, if it already has). Transports use it to disarm cancellation.
+func (b *Batch) OnDone(f func()) {
+	b.mu.Lock()
+	if b.pending > 0 {
+		b.onDone = f
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	f()
 }
 
 // Done is closed when every op has completed.
@@ -157,6 +185,14 @@ func (b *Batch) OpErr(i int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.errs[i]
+}
+
+// OpCRC returns the CRC-32C of what op i read, when it asked for one and
+// succeeded.
+func (b *Batch) OpCRC(i int) uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.crcs[i]
 }
 
 // Bytes returns how many bytes completed ops moved.

@@ -20,6 +20,9 @@ func benchCmd(e *env) *cobra.Command {
 	var path string
 	var asJSON, quiet bool
 	var cpuProfile string
+	var remote bool
+	var transport string
+	var conns, chainBlocks int
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure Get or Put throughput against the raw-TCP or memcpy baseline",
@@ -34,19 +37,25 @@ the physical baseline it must be judged against:
                          (--no-location-cache makes every get ask it)
   --path grpc            as data
 
+With --remote, bench starts an embedded etcd and two nodes, stores blocks on
+one, and measures the other fetching them in chains (pin on the holder,
+one-sided reads into its arena, checksum, commit as a replica) against raw TCP
+with as many connections as the transport uses.
+
 Half of the baseline runs before the measured phase and half after, so drift
 on a noisy machine hits both. Without --server, bench starts a node in this
 process. Progress goes to stderr; the result to stdout (--json for machines).`,
 		Example: `  kvpool bench --op get --block-size 2MiB --clients 4 --duration 10s --json
   kvpool bench --op get --path shm --block-size 2MiB --json
-  kvpool bench --server 10.0.0.5:7070 --op put --clients 2`,
+  kvpool bench --server 10.0.0.5:7070 --op put --clients 2
+  kvpool bench --remote --transport tcp --conns 2 --block-size 2MiB --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := api.ParsePath(path)
 			if err != nil {
 				return usageError{error: err}
 			}
-			if cfg.Op != "get" && cfg.Op != "put" {
+			if !remote && cfg.Op != "get" && cfg.Op != "put" {
 				return usageError{error: fmt.Errorf("--op %q: want get or put", cfg.Op)}
 			}
 			if cfg.Clients < 1 || cfg.Duration <= 0 || cfg.Rounds < 1 {
@@ -70,7 +79,12 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			res, err := bench.Run(cmd.Context(), cfg)
+			var res *bench.Result
+			if remote {
+				res, err = bench.RunRemote(cmd.Context(), cfg, bench.RemoteConfig{Transport: transport, Conns: conns, ChainBlocks: chainBlocks})
+			} else {
+				res, err = bench.Run(cmd.Context(), cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -107,6 +121,10 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")
+	f.StringVar(&transport, "transport", "tcp", "with --remote: the transport the fetching node pulls with, tcp or grpc")
+	f.IntVar(&conns, "conns", 2, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")
+	f.IntVar(&chainBlocks, "chain-blocks", 16, "with --remote: blocks per Fetch")
 	return c
 }
 

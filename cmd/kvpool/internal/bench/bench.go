@@ -87,7 +87,7 @@ type Round struct {
 }
 
 func (c *Config) fill() error {
-	if c.Op != "get" && c.Op != "put" {
+	if c.Op != "get" && c.Op != "put" && c.Op != "fetch" {
 		return fmt.Errorf("%w: op %q: want get or put", api.ErrInvalidArgument, c.Op)
 	}
 	if c.Path == api.PathAuto {
@@ -402,6 +402,7 @@ type tcpBaseline struct {
 	cfg Config
 	ln  net.Listener
 	src []byte
+	dst []byte     // a second region, for fetch: one arena into another
 	mu  sync.Mutex // serializes pair
 	meter
 }
@@ -413,7 +414,11 @@ func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 	}
 	src := make([]byte, max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
 	fillValue(src, 99)
-	return &tcpBaseline{cfg: cfg, ln: ln, src: src}, nil
+	b := &tcpBaseline{cfg: cfg, ln: ln, src: src}
+	if cfg.Op == "fetch" {
+		b.dst = make([]byte, len(src))
+	}
+	return b, nil
 }
 
 func (b *tcpBaseline) name() string { return "raw-tcp" }
@@ -445,12 +450,13 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 		defer cli.Close()
 		defer sc.Close()
 		sender, receiver := sc, cli
-		if b.cfg.Op == "put" {
+		if b.cfg.Op == "put" || b.cfg.Op == "fetch" {
 			sender, receiver = cli, sc
 		}
 		// Mirror the node's memory traffic: a get sends from the arena
 		// into the caller's buffer, a put from the caller's buffer into
-		// the arena. The working-set region plays the arena.
+		// the arena, a fetch from one arena into another. The working-set
+		// region plays the arenas.
 		one := make([]byte, size)
 		fillValue(one, uint64(i))
 		done := make(chan struct{})
@@ -458,7 +464,7 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 			defer close(done)
 			for f := 0; ; f++ {
 				src := one
-				if b.cfg.Op == "get" {
+				if b.cfg.Op == "get" || b.cfg.Op == "fetch" {
 					off := (f % frames) * size
 					src = b.src[off : off+size]
 				}
@@ -470,9 +476,13 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 		var rerr error
 		for f := 0; time.Now().Before(deadline); f++ {
 			dst := one
-			if b.cfg.Op == "put" {
+			switch b.cfg.Op {
+			case "put":
 				off := (f % frames) * size
 				dst = b.src[off : off+size]
+			case "fetch":
+				off := (f % frames) * size
+				dst = b.dst[off : off+size]
 			}
 			// Read in the same pieces the node and client use
 			// (api.RecvChunkBytes): the fastest way to drain a socket

@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool"
+)
+
+// RemoteConfig adds to Config what --remote needs.
+type RemoteConfig struct {
+	// Transport is how the fetching node pulls: tcp or grpc.
+	Transport string
+	// Conns is the tcp transport's connections per peer; the raw-TCP
+	// baseline uses as many.
+	Conns int
+	// ChainBlocks is how many blocks one Fetch asks for.
+	ChainBlocks int
+}
+
+// RunRemote starts an embedded etcd and two nodes in this process, stores
+// blocks on node B, and measures node A fetching them (pin on B, one-sided
+// reads into A's arena, checksum, commit as a replica): each client asks
+// A to Fetch a chain of ChainBlocks blocks, then drops A's copies so the
+// next fetch moves bytes again. The baseline is raw TCP with as many
+// connections as the transport keeps per peer, streaming from one region
+// into another as big as the working set.
+func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error) {
+	cfg.Op = "fetch"
+	if cfg.Path == api.PathAuto {
+		cfg.Path = api.PathData
+	}
+	if err := fillRemote(&cfg, &rc); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvpool-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	e, err := metadata.StartEmbedded(metadata.EmbedConfig{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	var nodes []*pool.Node
+	for i, id := range []string{"fetcher", "holder"} {
+		cli, err := metadata.NewClient([]string{e.ClientURL()})
+		if err != nil {
+			return nil, err
+		}
+		defer cli.Close()
+		pc := pool.DefaultConfig(id, cfg.CapacityBytes)
+		pc.ListenAddr, pc.ShmSocket, pc.DisableShm = "127.0.0.1:0", "", true
+		pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
+		pc.Etcd, pc.LeaseTTL = cli, 5*time.Second
+		pc.Transport, pc.TransferConns = rc.Transport, rc.Conns
+		pc.FetchTimeout = 30 * time.Second
+		n, err := pool.New(pc)
+		if err != nil {
+			return nil, err
+		}
+		rctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- n.Run(rctx) }()
+		defer func() { cancel(); <-done; n.Close() }()
+		<-n.Ready()
+		nodes = append(nodes, n)
+		_ = i
+	}
+	fetcher, holder := nodes[0], nodes[1]
+	hc, err := api.Dial(ctx, api.ClientConfig{Server: holder.Addr().String(), Path: api.PathData})
+	if err != nil {
+		return nil, err
+	}
+	defer hc.Close()
+	blocks := int(max(cfg.WorkingSetBytes/int64(cfg.BlockBytes), int64(rc.ChainBlocks)))
+	blocks -= blocks % rc.ChainBlocks
+	keys := make([][]byte, blocks)
+	bk := make([]api.BlockKey, blocks)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "remote-%d-%d", cfg.BlockBytes, i)
+		bk[i] = api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: keys[i]}
+	}
+	if err := populate(ctx, hc, bk, cfg.BlockBytes, cfg.Progress); err != nil {
+		return nil, err
+	}
+	// Wait until the fetcher's mirror knows where every block is.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if r := fetcher.Mirror().Locate(cfg.Tenant, cfg.Namespace, keys); r.PoolPrefix == len(keys) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.New("bench: the fetcher's mirror never learned where the blocks are")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clients := make([]*api.Client, cfg.Clients)
+	for i := range clients {
+		if clients[i], err = api.Dial(ctx, api.ClientConfig{Server: fetcher.Addr().String(), Path: api.PathData}); err != nil {
+			return nil, err
+		}
+		defer clients[i].Close()
+	}
+	res := &Result{Op: "fetch", Path: rc.Transport, BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: "in-process, 2 nodes"}
+	var base baseline
+	if !cfg.NoBaseline {
+		bc := cfg
+		bc.Clients = rc.Conns
+		if rc.Transport == "grpc" {
+			bc.Clients = 1
+		}
+		if base, err = newTCPBaseline(bc); err != nil {
+			return nil, err
+		}
+		defer base.close()
+		res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
+	}
+	chains := len(keys) / rc.ChainBlocks
+	var next atomic.Int64
+	var total measurement
+	for r := range cfg.Rounds {
+		var before meter
+		if base != nil {
+			before = *base.totals()
+			if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+		}
+		m, err := measureFetch(ctx, cfg, rc, clients, keys, chains, &next)
+		if err != nil {
+			return nil, err
+		}
+		total.add(m)
+		round := Round{GBps: m.gbps()}
+		if base != nil {
+			if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+			after := base.totals()
+			round.BaselineGBps = (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
+			round.RatioToBaseline = round.GBps / round.BaselineGBps
+		}
+		if cfg.Rounds > 1 {
+			res.Rounds = append(res.Rounds, round)
+		}
+		_ = r
+	}
+	total.fill(res)
+	if base != nil {
+		res.BaselineGBps = base.totals().gbps()
+		res.RatioToBaseline = res.GBps / res.BaselineGBps
+	}
+	return res, nil
+}
+
+func fillRemote(cfg *Config, rc *RemoteConfig) error {
+	if err := cfg.fill(); err != nil {
+		return err
+	}
+	if rc.Transport == "" {
+		rc.Transport = "tcp"
+	}
+	if rc.Transport != "tcp" && rc.Transport != "grpc" {
+		return fmt.Errorf("%w: transport %q: want tcp or grpc", api.ErrInvalidArgument, rc.Transport)
+	}
+	if rc.Conns <= 0 {
+		rc.Conns = 2
+	}
+	if rc.ChainBlocks <= 0 {
+		rc.ChainBlocks = 16
+	}
+	return nil
+}
+
+// measureFetch has each client fetch whole chains onto the fetcher and
+// drop the copies again, for cfg.Duration.
+func measureFetch(ctx context.Context, cfg Config, rc RemoteConfig, clients []*api.Client, keys [][]byte, chains int, next *atomic.Int64) (measurement, error) {
+	var total atomic.Int64
+	lat := make([][]time.Duration, len(clients))
+	errs := make([]error, len(clients))
+	start := time.Now()
+	deadline := start.Add(cfg.Duration)
+	stop := cfg.Progress.Run("measure fetch", cfg.Duration, &total)
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				ch := int(next.Add(1)) % chains
+				chain := keys[ch*rc.ChainBlocks : (ch+1)*rc.ChainBlocks]
+				t0 := time.Now()
+				res, err := c.Fetch(ctx, cfg.Tenant, cfg.Namespace, chain, 0)
+				if err == nil {
+					for _, r := range res {
+						if r.Err != nil {
+							err = r.Err
+							break
+						}
+					}
+				}
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+				total.Add(int64(len(chain) * cfg.BlockBytes))
+				// Drop the copies so the next fetch of this chain moves
+				// bytes again.
+				if _, err := c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, chain); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stop()
+	if err := errors.Join(errs...); err != nil {
+		return measurement{}, err
+	}
+	return measurement{meter: meter{bytes: total.Load(), elapsed: time.Since(start)}, lat: slices.Concat(lat...)}, nil
+}

@@ -178,7 +178,11 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 	batch := n.transport.Submit(ctx, ops)
 	werr := batch.Wait(ctx)
 	if werr == nil || batch.Bytes() > 0 {
-		n.links.Observe(holder.ID, int64(batch.Bytes()), time.Since(t0), n.cfg.Now())
+		end := time.Now()
+		first, firstBytes := batch.FirstResponse()
+		n.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
+		n.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
+			"first_response", first.Sub(t0), "read", end.Sub(t0))
 	}
 	if ctx.Err() != nil {
 		// Some ops may still be writing into reservations: wait for the

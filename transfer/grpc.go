@@ -252,7 +252,7 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 			left.Add(1)
 			g.wg.Go(func() {
 				defer left.Done()
-				crcs[p], errs[p] = g.run(ctx, c, &op, op.Offset+uint64(bounds[p]), op.Local[bounds[p]:bounds[p+1]])
+				crcs[p], errs[p] = g.run(ctx, b, c, &op, op.Offset+uint64(bounds[p]), op.Local[bounds[p]:bounds[p+1]])
 			})
 		}
 		g.wg.Go(func() {
@@ -273,12 +273,7 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 
 // run moves one range on one stream; for a checksummed read it returns the
 // range's CRC-32C, computed as each message lands.
-func (g *GRPC) run(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) (uint32, error) {
-	crc, err := g.runRange(ctx, c, op, off, local)
-	return crc, err
-}
-
-func (g *GRPC) runRange(ctx context.Context, c *grpc.ClientConn, op *Op, off uint64, local []byte) (uint32, error) {
+func (g *GRPC) run(ctx context.Context, b *Batch, c *grpc.ClientConn, op *Op, off uint64, local []byte) (uint32, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hdr := &rawFrame{b: grpcHeader(op, off, len(local))}
@@ -303,6 +298,9 @@ func (g *GRPC) runRange(ctx context.Context, c *grpc.ClientConn, op *Op, off uin
 			}
 			if err != nil {
 				return 0, g.opErr(ctx, op, err)
+			}
+			if got == 0 {
+				b.Responded(uint64(f.n))
 			}
 			if op.Checksum {
 				crc = api.UpdateChecksum(crc, local[got:got+f.n])

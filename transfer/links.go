@@ -19,8 +19,13 @@ type LinkConfig struct {
 	// Alpha is the weight of a new sample in the moving average, in (0, 1].
 	// Default 0.3.
 	Alpha float64
-	// HalfLife is how long an idle link takes to move halfway back to its
-	// seed, since what was measured ages. Default 60 s.
+	// DecayAfter is how long a link may go unmeasured before its estimate
+	// starts moving back toward the seed. A link in use keeps exactly what
+	// its transfers measured; one left idle (perhaps because it measured
+	// slow) is eventually tried again. Default 30 s.
+	DecayAfter time.Duration
+	// HalfLife is how long, after DecayAfter, an idle link's estimate
+	// takes to move halfway back to its seed. Default 60 s.
 	HalfLife time.Duration
 	// MinSampleBytes: transfers smaller than this measure latency only;
 	// larger ones measure bandwidth. Default 256 KiB.
@@ -45,6 +50,9 @@ func (c *LinkConfig) fill() {
 	}
 	if c.Alpha <= 0 || c.Alpha > 1 {
 		c.Alpha = 0.3
+	}
+	if c.DecayAfter <= 0 {
+		c.DecayAfter = 30 * time.Second
 	}
 	if c.HalfLife <= 0 {
 		c.HalfLife = 60 * time.Second
@@ -95,16 +103,16 @@ func (l *Links) get(peer string) *link {
 	return k
 }
 
-// decay moves the estimate toward the seed for the time since its last
-// update.
-func (l *Links) decay(k *link, now time.Time) {
-	if k.updated.IsZero() || !now.After(k.updated) {
-		return
+// current returns k's bandwidth and round trip as of now: what was last
+// measured, moved toward the seed for the idle time past DecayAfter. It
+// does not change k, so reading an estimate never ages it.
+func (l *Links) current(k *link, now time.Time) (bw, rtt float64) {
+	idle := now.Sub(k.updated) - l.cfg.DecayAfter
+	if k.updated.IsZero() || idle <= 0 {
+		return k.bw, k.rtt
 	}
-	f := math.Exp2(-float64(now.Sub(k.updated)) / float64(l.cfg.HalfLife))
-	k.bw = k.seed.BytesPerSecond + (k.bw-k.seed.BytesPerSecond)*f
-	k.rtt = k.seed.RTT.Seconds() + (k.rtt-k.seed.RTT.Seconds())*f
-	k.updated = now
+	f := math.Exp2(-float64(idle) / float64(l.cfg.HalfLife))
+	return k.seed.BytesPerSecond + (k.bw-k.seed.BytesPerSecond)*f, k.seed.RTT.Seconds() + (k.rtt-k.seed.RTT.Seconds())*f
 }
 
 // Observe records a transfer of n bytes from or to peer that took d,
@@ -117,7 +125,7 @@ func (l *Links) Observe(peer string, n int64, d time.Duration, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.get(peer)
-	l.decay(k, now)
+	k.bw, k.rtt = l.current(k, now)
 	a := l.cfg.Alpha
 	if n < l.cfg.MinSampleBytes {
 		k.rtt = (1-a)*k.rtt + a*d.Seconds()
@@ -128,7 +136,43 @@ func (l *Links) Observe(peer string, n int64, d time.Duration, now time.Time) {
 		k.bwSamples++
 	}
 	k.bytes += n
-	k.updated = now
+	if now.After(k.updated) {
+		k.updated = now
+	}
+}
+
+// ObserveRead records a read of n bytes from peer, requested at start,
+// whose first response arrived at first carrying firstBytes of payload
+// (Batch.FirstResponse), and which finished at end. Bandwidth comes from
+// the bytes after the first response over the time after it, measured on
+// the data path: a slow round trip or a busy peer does not inflate it the
+// way subtracting an averaged round trip would. The stream is credited
+// with at least half the total time, so a response that sat in a socket
+// buffer cannot make a link look faster than twice its plain rate. A zero
+// first falls back to Observe.
+func (l *Links) ObserveRead(peer string, n int64, start, first time.Time, firstBytes int64, end time.Time) {
+	total := end.Sub(start)
+	if first.IsZero() || first.Before(start) || first.After(end) || firstBytes > n {
+		l.Observe(peer, n, total, end)
+		return
+	}
+	if total <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.get(peer)
+	k.bw, k.rtt = l.current(k, end)
+	if n >= l.cfg.MinSampleBytes {
+		stream := max(end.Sub(first).Seconds(), total.Seconds()/2)
+		a := l.cfg.Alpha
+		k.bw = (1-a)*k.bw + a*float64(n-firstBytes)/stream
+		k.bwSamples++
+	}
+	k.bytes += n
+	if end.After(k.updated) {
+		k.updated = end
+	}
 }
 
 // Estimate is what Links knows of one link.
@@ -145,13 +189,13 @@ type Estimate struct {
 	Updated time.Time
 }
 
-// Estimate returns peer's current estimate, decayed to now.
+// Estimate returns peer's estimate as of now.
 func (l *Links) Estimate(peer string, now time.Time) Estimate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.get(peer)
-	l.decay(k, now)
-	return Estimate{Peer: peer, BytesPerSecond: k.bw, RTT: time.Duration(k.rtt * float64(time.Second)),
+	bw, rtt := l.current(k, now)
+	return Estimate{Peer: peer, BytesPerSecond: bw, RTT: time.Duration(rtt * float64(time.Second)),
 		Samples: k.bwSamples, RTTSamples: k.rttSamples, Bytes: k.bytes, Updated: k.updated}
 }
 

@@ -427,6 +427,7 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 			return
 		}
 		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
+		s.op.b.Responded(0)
 		switch {
 		case status != 0:
 			s.finish(fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))

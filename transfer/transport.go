@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // RegionID names registered memory, like an RDMA rkey.
@@ -105,6 +107,11 @@ type Batch struct {
 	bytes   uint64
 	// onDone runs once, as the last op completes and before Done closes.
 	onDone func()
+	// responded is set once the first response of any op arrived, at
+	// firstAt carrying firstBytes of payload (under mu).
+	responded  atomic.Bool
+	firstAt    time.Time
+	firstBytes uint64
 }
 
 // NewBatch returns a batch of n ops; implementations call Complete once
@@ -134,6 +141,33 @@ func (b *Batch) CompleteCRC(i int, moved uint64, crc uint32, err error) {
 		}
 		close(b.done)
 	}
+}
+
+// Responded records that a response to one of the batch's ops arrived
+// now, with payload bytes of data in it (0 when only a header arrived).
+// Only the first call counts; the rest cost one atomic load. Transports
+// call it so that links are measured on the data path: the wait for the
+// first response is the round trip plus the peer's service time, and the
+// bytes after it measure bandwidth without subtracting an estimate.
+func (b *Batch) Responded(payload uint64) {
+	if b.responded.Load() {
+		return
+	}
+	now := time.Now()
+	b.mu.Lock()
+	if b.firstAt.IsZero() {
+		b.firstAt, b.firstBytes = now, payload
+	}
+	b.mu.Unlock()
+	b.responded.Store(true)
+}
+
+// FirstResponse returns when the first response arrived and how many
+// payload bytes it carried; a zero time if no transport reported one.
+func (b *Batch) FirstResponse() (time.Time, uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.firstAt, b.firstBytes
 }
 
 // OnDone sets f to run as the batch completes, before Done is closed (or

@@ -136,7 +136,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func dataCmds(e *env) []*cobra.Command {
-	return []*cobra.Command{putCmd(e), getCmd(e), locateCmd(e), existsCmd(e), removeCmd(e), statsCmd(e), chainCmd(e)}
+	return []*cobra.Command{putCmd(e), getCmd(e), locateCmd(e), existsCmd(e), removeCmd(e), statsCmd(e), chainCmd(e), fetchCmd(e)}
 }
 
 func putCmd(e *env) *cobra.Command {
@@ -506,4 +506,71 @@ func readTokens(r io.Reader) ([]uint32, error) {
 		out = append(out, uint32(v))
 	}
 	return out, nil
+}
+
+func fetchCmd(e *env) *cobra.Command {
+	var f clientFlags
+	var keys []string
+	var holderTimeout time.Duration
+	c := &cobra.Command{
+		Use:   "fetch",
+		Short: "Make blocks local on a node, pulling the ones it lacks from the nodes that hold them",
+		Long: `fetch asks a node (--server) to make the blocks under --keys local. Each block it
+lacks is pulled from the live node holding it with the best measured link,
+checked against its checksum, and stored as a replica; a holder that fails or
+times out (--holder-timeout) is replaced by the next one. Prints where each
+block came from.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			list, err := f.namedKeys(keys)
+			if err != nil {
+				return err
+			}
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				start := time.Now()
+				res, err := c.Fetch(ctx, f.tenant, f.namespace, list, holderTimeout)
+				if err != nil {
+					return err
+				}
+				el := time.Since(start)
+				var failed int
+				var moved int64
+				out := make([]map[string]any, len(res))
+				for i, r := range res {
+					m := map[string]any{"key": hex.EncodeToString(list[i]), "source": r.Source, "bytes": r.Size}
+					if r.Err != nil {
+						failed++
+						m["error"] = r.Err.Error()
+					}
+					moved += r.Size
+					out[i] = m
+				}
+				if f.asJSON {
+					if err := printJSON(e.stdout, map[string]any{"blocks": out, "fetched_bytes": moved, "seconds": el.Seconds()}); err != nil {
+						return err
+					}
+				} else {
+					for i, r := range res {
+						switch {
+						case r.Err != nil:
+							fmt.Fprintf(e.stdout, "%s\tfailed: %v\n", displayKey(list[i], f.hex), r.Err)
+						case r.Source == "":
+							fmt.Fprintf(e.stdout, "%s\talready here\n", displayKey(list[i], f.hex))
+						default:
+							fmt.Fprintf(e.stdout, "%s\tfrom %s (%s)\n", displayKey(list[i], f.hex), r.Source, humanBytes(uint64(r.Size)))
+						}
+					}
+					fmt.Fprintf(e.stderr, "fetched %s in %v\n", humanBytes(uint64(moved)), el.Round(time.Millisecond))
+				}
+				if failed > 0 {
+					return fmt.Errorf("%d of %d blocks could not be fetched", failed, len(res))
+				}
+				return nil
+			})
+		},
+	}
+	f.register(c, true)
+	c.Flags().StringSliceVar(&keys, "keys", nil, "keys to fetch, comma-separated (required)")
+	c.Flags().DurationVar(&holderTimeout, "holder-timeout", 0, "give up on one holder after this long and try the next (default: the node's, 1s)")
+	return c
 }

@@ -20,9 +20,10 @@ import (
 type pair struct {
 	client Transport
 	peer   string
-	mem    []byte // region 7 on the peer
+	mem    []byte // region 7 on the peer: mem's bytes, perhaps copied
 }
 
+// factory starts a peer serving region 7 holding mem's bytes and a client.
 type factory func(t *testing.T, mem []byte) pair
 
 // serveTCP runs a tcp transport's server side on a loopback listener.
@@ -85,6 +86,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("tiny and huge reads", func(t *testing.T) {
 		mem := pattern(96<<20, 1)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		for _, r := range []struct{ off, n int }{{5, 1}, {0, 0}, {4095, 2}, {1 << 20, 64 << 20}, {len(mem) - 3, 3}} {
 			local := make([]byte, r.n)
 			b := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(r.off), Local: local}})
@@ -102,6 +104,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("many ops keep their order and data", func(t *testing.T) {
 		mem := pattern(8<<20, 2)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		var ops []Op
 		for i := range 200 {
 			off := (i * 40009) % (len(mem) - 5000)
@@ -123,6 +126,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("checksummed reads report the CRC of what arrived", func(t *testing.T) {
 		mem := pattern(12<<20, 12)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		var ops []Op
 		for i, n := range []int{1, 64 << 10, 1<<20 + 7, 5 << 20, 0} {
 			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(i * 333), Local: make([]byte, n), Checksum: true})
@@ -140,6 +144,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("writes land and read back", func(t *testing.T) {
 		mem := make([]byte, 4<<20)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		data := pattern(3<<20+17, 3)
 		if err := p.client.Submit(ctx, []Op{{Kind: Write, Peer: p.peer, Region: 7, Offset: 100, Local: data}}).Wait(ctx); err != nil {
 			t.Fatal(err)
@@ -155,6 +160,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("partial failure fails only the bad ops", func(t *testing.T) {
 		mem := pattern(1<<20, 4)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		ops := []Op{
 			{Kind: Read, Peer: p.peer, Region: 7, Offset: 0, Local: make([]byte, 1000)},
 			{Kind: Read, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 10)},
@@ -178,6 +184,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("cancellation ends a batch promptly", func(t *testing.T) {
 		mem := pattern(64<<20, 5)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		cctx, cancel := context.WithCancel(ctx)
 		var ops []Op
 		for range 16 {
@@ -202,6 +209,7 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("concurrent batches", func(t *testing.T) {
 		mem := pattern(16<<20, 6)
 		p := newPair(t, mem)
+		mem = p.mem // the region as the peer holds it
 		var wg sync.WaitGroup
 		for g := range 8 {
 			wg.Go(func() {

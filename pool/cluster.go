@@ -59,7 +59,7 @@ func newCluster(n *Node) (*cluster, error) {
 		Seeds: func() []string {
 			var seeds []string
 			for _, ni := range c.mirror.Nodes() {
-				if a := ni.Record.Addrs["gossip"]; a != "" && ni.Record.ID != cfg.NodeID {
+				if a := ni.Record.Addrs[addrGossip]; a != "" && ni.Record.ID != cfg.NodeID {
 					seeds = append(seeds, a)
 				}
 			}
@@ -76,7 +76,7 @@ func newCluster(n *Node) (*cluster, error) {
 		Prefix: cfg.MetadataPrefix,
 		Record: metadata.NodeRecord{
 			ID:            cfg.NodeID,
-			Addrs:         map[string]string{"grpc": advertise, "gossip": c.gossip.Addr()},
+			Addrs:         n.recordAddrs(advertise, c.gossip.Addr()),
 			CapacityBytes: cfg.CapacityBytes,
 			Zone:          cfg.Zone,
 			Version:       cfg.Version,
@@ -166,7 +166,7 @@ func (a *adminService) ListNodes(context.Context, *kvpoolv1.ListNodesRequest) (*
 	}
 	for id, p := range peers {
 		if !seen[id] {
-			st := &kvpoolv1.NodeStatus{NodeId: id, EtcdState: "absent", Addrs: map[string]string{"gossip": p.Addr}}
+			st := &kvpoolv1.NodeStatus{NodeId: id, EtcdState: "absent", Addrs: map[string]string{addrGossip: p.Addr}}
 			fillPeer(st, p)
 			out.Nodes = append(out.Nodes, st)
 		}

@@ -91,8 +91,10 @@ type Config struct {
 	Zone string
 
 	// Transport is how this node pulls blocks from peers: "tcp" (framed,
-	// striped over TransferConns connections) or "grpc" (streams with a
-	// raw-bytes codec). The node serves both. Default "tcp".
+	// striped over TransferConns connections), "grpc" (streams with a
+	// raw-bytes codec) or "shm" (peers on the same host, by HostID, are
+	// read through their mapped segment; others over tcp). The node
+	// serves all three; shm needs shared memory on. Default "tcp".
 	Transport string
 	// TransferConns is how many connections the tcp transport keeps per
 	// peer. Default 2.
@@ -255,8 +257,11 @@ func (c *Config) validate() error {
 	if c.Etcd != nil && c.LeaseTTL < 2*time.Second {
 		bad("lease TTL %v: want at least 2s", c.LeaseTTL)
 	}
-	if c.Transport != "tcp" && c.Transport != "grpc" {
-		bad("transport %q: want tcp or grpc", c.Transport)
+	if c.Transport != "tcp" && c.Transport != "grpc" && c.Transport != "shm" {
+		bad("transport %q: want tcp, grpc or shm", c.Transport)
+	}
+	if c.Transport == "shm" && c.DisableShm {
+		bad("transport shm needs shared memory, which is disabled")
 	}
 	if c.TransferConns < 1 || c.TransferConns > 64 {
 		bad("transfer connections %d: want 1 to 64", c.TransferConns)
@@ -269,11 +274,15 @@ func (c *Config) validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if !c.DisableShm && len(c.ShmSocket) > 107 {
-		bad("shm socket path %q is longer than the 107 bytes a unix socket allows", c.ShmSocket)
+	if !c.DisableShm && len(c.transferSocket()) > 107 {
+		bad("shm socket path %q is too long: it and %q must fit the 107 bytes a unix socket allows", c.ShmSocket, c.transferSocket())
 	}
 	if len(errs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("pool: invalid config: %w", errors.Join(errs...))
 }
+
+// transferSocket is where the shm transport serves this node's segment to
+// other nodes on the host: next to ShmSocket.
+func (c *Config) transferSocket() string { return c.ShmSocket + ".transfer" }

@@ -128,6 +128,34 @@ func slicesDeleteFunc[T any](s []T, del func(T) bool) []T {
 	return out
 }
 
+// Keys of NodeRecord.Addrs.
+const (
+	addrGRPC   = "grpc"   // gRPC, the data channel and the tcp transport
+	addrGossip = "gossip" // memberlist
+	addrShm    = "shm"    // the shm transport's unix socket
+	addrHost   = "host"   // the host's identity (api.HostID)
+)
+
+// recordAddrs is what this node publishes of how to reach it.
+func (n *Node) recordAddrs(advertise, gossip string) map[string]string {
+	a := map[string]string{addrGRPC: advertise, addrGossip: gossip}
+	if n.xferLis != nil {
+		a[addrShm] = n.cfg.transferSocket()
+		a[addrHost] = n.hostID
+	}
+	return a
+}
+
+// transportTo picks how to move bytes to or from peer, and the address
+// that transport knows the peer by: its shared memory when the node pulls
+// over shm and the peer is on this host, else the configured transport.
+func (n *Node) transportTo(peer metadata.NodeRecord) (transfer.Transport, string) {
+	if n.shmPull != nil && peer.Addrs[addrShm] != "" && peer.Addrs[addrHost] == n.hostID {
+		return n.shmPull, peer.Addrs[addrShm]
+	}
+	return n.transport, peer.Addrs[addrGRPC]
+}
+
 // pull fetches keys[idx...] from one holder.
 func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, idx []int, timeout time.Duration) []FetchResult {
 	out := make([]FetchResult, len(idx))
@@ -139,7 +167,8 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 		}
 		return out
 	}
-	addr := holder.Addrs["grpc"]
+	addr := holder.Addrs[addrGRPC]
+	tr, peer := n.transportTo(holder)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
@@ -172,10 +201,10 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 		}
 		res[k] = r
 		opOf[k] = len(ops)
-		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: addr, Region: arenaRegion, Offset: p.offset, Local: r.Bytes(), Checksum: true})
+		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: peer, Region: arenaRegion, Offset: p.offset, Local: r.Bytes(), Checksum: true})
 	}
 	t0 := time.Now()
-	batch := n.transport.Submit(ctx, ops)
+	batch := tr.Submit(ctx, ops)
 	werr := batch.Wait(ctx)
 	if werr == nil || batch.Bytes() > 0 {
 		end := time.Now()
@@ -211,7 +240,7 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 		}
 		_ = cr
 		out[k] = FetchResult{Source: holder.ID, Size: int64(pins[k].size)}
-		n.metrics.fetched.Add(float64(pins[k].size))
+		n.metrics.fetched.WithLabelValues(tr.Name()).Add(float64(pins[k].size))
 	}
 	return out
 }

@@ -22,7 +22,7 @@ type metrics struct {
 	bytesReceived prometheus.Counter
 	reclaimed     prometheus.Counter
 	mirrorLag     prometheus.Histogram
-	fetched       prometheus.Counter
+	fetched       *prometheus.CounterVec // by transport
 }
 
 func newMetrics(n *Node) (*metrics, error) {
@@ -43,10 +43,10 @@ func newMetrics(n *Node) (*metrics, error) {
 			Name: "kvpool_pool_reservations_reclaimed_total",
 			Help: "Reservations reclaimed because they were not committed in time.",
 		}),
-		fetched: prometheus.NewCounter(prometheus.CounterOpts{
+		fetched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_transfer_fetched_bytes_total",
-			Help: "Block bytes pulled from peers by Fetch.",
-		}),
+			Help: "Block bytes pulled from peers by Fetch, by the transport that moved them.",
+		}, []string{"transport"}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",

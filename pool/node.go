@@ -45,16 +45,21 @@ type Node struct {
 	hostID   string
 	cluster  *cluster // nil for a standalone node
 
-	// Transfers: both transports serve the arena as arenaRegion to peers;
-	// transport (one of them, Config.Transport) pulls from peers.
+	// Transfers: every transport serves the arena as arenaRegion to peers
+	// (shm only with shared memory on); transport (tcp or grpc, per
+	// Config.Transport) pulls from peers, and shmPull, when
+	// Config.Transport is shm, from peers on this host.
 	tcpT      *transfer.TCP
 	grpcT     *transfer.GRPC
+	shmT      *transfer.SHM // nil with DisableShm
 	transport transfer.Transport
+	shmPull   transfer.Transport // nil unless Config.Transport is shm
 	links     *transfer.Links
 	peers     peerConns
 
 	tcpLis  net.Listener
 	shmLis  *net.UnixListener
+	xferLis *net.UnixListener // the shm transport's socket; nil with DisableShm
 	httpLis net.Listener
 
 	grpcSrv *grpc.Server
@@ -116,8 +121,20 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Transport == "grpc" {
 		n.transport = n.grpcT
 	}
+	if !cfg.DisableShm {
+		n.shmT = transfer.NewSHM(transfer.SHMConfig{})
+		if err := n.shmT.RegisterFile(arenaRegion, seg.file, 0, uint64(len(seg.mem))); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		if cfg.Transport == "shm" {
+			n.shmPull = n.shmT
+		}
+	}
 	if cfg.WrapTransport != nil {
 		n.transport = cfg.WrapTransport(n.transport)
+		if n.shmPull != nil {
+			n.shmPull = cfg.WrapTransport(n.shmPull)
+		}
 	}
 	n.grpcSrv = grpc.NewServer(append(transfer.ServerOptions(),
 		grpc.MaxRecvMsgSize(MaxBatchBytes+1<<20),
@@ -158,6 +175,9 @@ func (n *Node) listen() error {
 	}
 	if !n.cfg.DisableShm {
 		if n.shmLis, err = listenUnix(n.cfg.ShmSocket); err != nil {
+			return err
+		}
+		if n.xferLis, err = listenUnix(n.cfg.transferSocket()); err != nil {
 			return err
 		}
 	}
@@ -251,6 +271,7 @@ func (n *Node) Run(ctx context.Context) error {
 	start("accept loop", func() error { return n.acceptTCP(ctx) })
 	if n.shmLis != nil {
 		start("shm accept loop", func() error { return n.acceptShm(ctx) })
+		start("shm transfer server", func() error { return n.shmT.Serve(ctx, n.xferLis) })
 	}
 	start("reservation sweeper", func() error { n.sweep(ctx); return nil })
 	if n.cluster != nil {
@@ -324,12 +345,18 @@ func (n *Node) Close() error {
 		if n.shmLis != nil {
 			n.shmLis.Close()
 		}
+		if n.xferLis != nil {
+			n.xferLis.Close()
+		}
 		if n.cluster != nil {
 			n.cluster.gossip.Shutdown()
 		}
 		if n.tcpT != nil {
 			n.tcpT.Close()
 			n.grpcT.Close()
+		}
+		if n.shmT != nil {
+			n.shmT.Close()
 		}
 		n.peers.closeAll()
 		if n.seg != nil {

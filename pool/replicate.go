@@ -93,7 +93,8 @@ func (n *Node) replicate(ctx context.Context, tenant, namespace, key []byte, cop
 func (n *Node) pushCopy(ctx context.Context, target metadata.NodeRecord, tenant, namespace, key []byte, pin Pin) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
 	defer cancel()
-	addr := target.Addrs["grpc"]
+	addr := target.Addrs[addrGRPC]
+	tr, peer := n.transportTo(target)
 	pc, err := n.peers.get(ctx, addr)
 	if err != nil {
 		return fmt.Errorf("%w: %v", api.ErrUnavailable, err)
@@ -104,7 +105,7 @@ func (n *Node) pushCopy(ctx context.Context, target metadata.NodeRecord, tenant,
 		return err
 	}
 	start := time.Now()
-	b := n.transport.Submit(ctx, []transfer.Op{{Kind: transfer.Write, Peer: addr, Region: arenaRegion, Offset: resp.Offset, Local: pin.Mem}})
+	b := tr.Submit(ctx, []transfer.Op{{Kind: transfer.Write, Peer: peer, Region: arenaRegion, Offset: resp.Offset, Local: pin.Mem}})
 	werr := b.Wait(ctx)
 	<-b.Done()
 	if werr != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,9 +35,25 @@ func putBlocks(t *testing.T, c *api.Client, keys [][]byte, size int) {
 }
 
 func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
-	for _, tr := range []string{"tcp", "grpc"} {
+	for _, tr := range []string{"tcp", "grpc", "shm"} {
 		t.Run(tr, func(t *testing.T) {
-			c := cluster.New(t, cluster.Config{Nodes: 3, Mutate: func(i int, pc *pool.Config) { pc.Transport = tr }})
+			// Count the ops each transport carries on node-2, the puller:
+			// with shm the nodes share this host, so no byte may go over
+			// tcp.
+			var mu sync.Mutex
+			ops := map[string]int{}
+			c := cluster.New(t, cluster.Config{Nodes: 3, Mutate: func(i int, pc *pool.Config) {
+				pc.Transport = tr
+				if i == 2 {
+					pc.WrapTransport = func(inner transfer.Transport) transfer.Transport {
+						return &transfer.Faulty{Transport: inner, BeforeSubmit: func(o []transfer.Op) {
+							mu.Lock()
+							ops[inner.Name()] += len(o)
+							mu.Unlock()
+						}}
+					}
+				}
+			}})
 			keys := chainKeys(t, 21, 8)
 			putBlocks(t, c.Client(0, api.PathData), keys, 1<<20+3)
 			c.Converged(10 * time.Second)
@@ -67,6 +84,11 @@ func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
 			est := c.Nodes[2].Node.Links().Estimate("node-0", time.Now())
 			if est.Samples == 0 || est.Bytes < 8<<20 {
 				t.Fatalf("the link estimate saw nothing: %+v", est)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if ops[tr] != 8 || len(ops) != 1 {
+				t.Fatalf("ops by transport %v, want all 8 over %s", ops, tr)
 			}
 		})
 	}
@@ -132,70 +154,74 @@ func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
 // deadline, and no partial block is committed; a stalled link never
 // outlives the deadline either.
 func TestFetchFromADeadOrStalledHolder(t *testing.T) {
-	var faulty *transfer.Faulty
-	var kill atomic.Bool
-	var c *cluster.Cluster
-	c = cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
-		if i == 1 {
-			pc.FetchTimeout = time.Second
-			pc.WrapTransport = func(tr transfer.Transport) transfer.Transport {
-				faulty = &transfer.Faulty{Transport: tr, BeforeSubmit: func([]transfer.Op) {
-					if kill.Swap(false) {
-						c.Kill(0)
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			var faulty *transfer.Faulty
+			var kill atomic.Bool
+			var c *cluster.Cluster
+			c = cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+				if i == 1 {
+					pc.FetchTimeout = time.Second
+					pc.WrapTransport = func(tr transfer.Transport) transfer.Transport {
+						faulty = &transfer.Faulty{Transport: tr, BeforeSubmit: func([]transfer.Op) {
+							if kill.Swap(false) {
+								c.Kill(0)
+							}
+						}}
+						return faulty
 					}
-				}}
-				return faulty
+				}
+			}})
+			keys := chainKeys(t, 24, 6)
+			putBlocks(t, c.Client(0, api.PathData), keys, 2<<20)
+			c.Converged(10 * time.Second)
+			eng := c.Client(1, api.PathData)
+
+			faulty.Stall.Store(true)
+			start := time.Now()
+			res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys[:3], 0)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}})
-	keys := chainKeys(t, 24, 6)
-	putBlocks(t, c.Client(0, api.PathData), keys, 2<<20)
-	c.Converged(10 * time.Second)
-	eng := c.Client(1, api.PathData)
+			for i, r := range res {
+				if !errors.Is(r.Err, api.ErrUnavailable) {
+					t.Fatalf("stalled link, block %d: %v, want Unavailable", i, r.Err)
+				}
+			}
+			if took > 1500*time.Millisecond {
+				t.Fatalf("a stalled fetch took %v; the deadline is 1 s", took)
+			}
+			faulty.Stall.Store(false)
 
-	faulty.Stall.Store(true)
-	start := time.Now()
-	res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys[:3], 0)
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
+			kill.Store(true)
+			start = time.Now()
+			res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+			took = time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res {
+				if !errors.Is(r.Err, api.ErrUnavailable) {
+					t.Fatalf("dead holder, block %d: %v, want Unavailable", i, r.Err)
+				}
+			}
+			if took > 1500*time.Millisecond {
+				t.Fatalf("a fetch from a dead holder took %v; the deadline is 1 s", took)
+			}
+			ex, _ := eng.Exists(context.Background(), "acme", "llama3-8b", keys)
+			for i, e := range ex {
+				if e {
+					t.Fatalf("block %d was committed from a failed transfer", i)
+				}
+			}
+			if st := c.Nodes[1].Node.Store().Stats(); st.Reservations != 0 || st.Blocks != 0 {
+				t.Fatalf("node-1 keeps %d reservations and %d blocks after failed fetches", st.Reservations, st.Blocks)
+			}
+			t.Logf("dead holder reported after %v", took)
+			_ = fmt.Sprint
+		})
 	}
-	for i, r := range res {
-		if !errors.Is(r.Err, api.ErrUnavailable) {
-			t.Fatalf("stalled link, block %d: %v, want Unavailable", i, r.Err)
-		}
-	}
-	if took > 1500*time.Millisecond {
-		t.Fatalf("a stalled fetch took %v; the deadline is 1 s", took)
-	}
-	faulty.Stall.Store(false)
-
-	kill.Store(true)
-	start = time.Now()
-	res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
-	took = time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range res {
-		if !errors.Is(r.Err, api.ErrUnavailable) {
-			t.Fatalf("dead holder, block %d: %v, want Unavailable", i, r.Err)
-		}
-	}
-	if took > 1500*time.Millisecond {
-		t.Fatalf("a fetch from a dead holder took %v; the deadline is 1 s", took)
-	}
-	ex, _ := eng.Exists(context.Background(), "acme", "llama3-8b", keys)
-	for i, e := range ex {
-		if e {
-			t.Fatalf("block %d was committed from a failed transfer", i)
-		}
-	}
-	if st := c.Nodes[1].Node.Store().Stats(); st.Reservations != 0 || st.Blocks != 0 {
-		t.Fatalf("node-1 keeps %d reservations and %d blocks after failed fetches", st.Reservations, st.Blocks)
-	}
-	t.Logf("dead holder reported after %v", took)
-	_ = fmt.Sprint
 }
 
 func TestPutWithReplicas(t *testing.T) {

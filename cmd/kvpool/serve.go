@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // fileConfig is the --config file: YAML (or JSON) with the same names as
@@ -47,6 +48,10 @@ type fileConfig struct {
 	Advertise          string `json:"advertise"`
 	Zone               string `json:"zone"`
 	LeaseTTL           string `json:"lease_ttl"`
+	Transport          string `json:"transport"`
+	TransferConns      int    `json:"transfer_conns"`
+	FetchTimeout       string `json:"fetch_timeout"`
+	LinkSeedRate       string `json:"link_seed_rate"`
 }
 
 type serveFlags struct {
@@ -75,6 +80,10 @@ type serveFlags struct {
 	advertise  string
 	zone       string
 	leaseTTL   time.Duration
+	transport  string
+	xferConns  int
+	fetchTO    time.Duration
+	seedRate   int64
 }
 
 func serveCmd(e *env) *cobra.Command {
@@ -156,6 +165,10 @@ gracefully.`,
 	fl.StringVar(&f.advertise, "advertise", "", "address other nodes and clients reach this node at (default: the bound --listen address)")
 	fl.StringVar(&f.zone, "zone", "", "failure domain shown to operators, [A-Za-z0-9._-]")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", 5*time.Second, "etcd lease of the node's records: how long they outlive a crashed node")
+	fl.StringVar(&f.transport, "transport", "tcp", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)")
+	fl.IntVar(&f.xferConns, "transfer-conns", 2, "tcp transport: connections per peer that one transfer is striped over")
+	fl.DurationVar(&f.fetchTO, "fetch-timeout", time.Second, "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable")
+	fl.Var(sizeFlag{&f.seedRate}, "link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	return c
@@ -227,6 +240,12 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 	str("advertise", &f.advertise, fc.Advertise)
 	str("zone", &f.zone, fc.Zone)
 	dur("lease-ttl", &f.leaseTTL, fc.LeaseTTL)
+	str("transport", &f.transport, fc.Transport)
+	dur("fetch-timeout", &f.fetchTO, fc.FetchTimeout)
+	size("link-seed-rate", &f.seedRate, fc.LinkSeedRate)
+	if !set("transfer-conns") && fc.TransferConns != 0 {
+		f.xferConns = fc.TransferConns
+	}
 	boolean("standalone", &f.standalone, fc.Standalone)
 	size("capacity", &f.capacity, fc.Capacity)
 	size("page-size", &f.pageSize, fc.PageSize)
@@ -271,6 +290,10 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 		AdvertiseAddr:      f.advertise,
 		Zone:               f.zone,
 		LeaseTTL:           f.leaseTTL,
+		Transport:          f.transport,
+		TransferConns:      f.xferConns,
+		FetchTimeout:       f.fetchTO,
+		Links:              transfer.LinkConfig{SeedBytesPerSecond: float64(f.seedRate)},
 	}
 	return cfg, [2]string{f.logLevel, f.logFormat}, nil
 }

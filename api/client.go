@@ -95,6 +95,10 @@ type Client struct {
 	path Path
 	data *connPool
 	shm  *shmClient
+
+	// Clients of other nodes GetDirect reads from, by address.
+	hmu     sync.Mutex
+	holders map[string]*Client
 }
 
 // Dial connects to a node, learns its limits and fast paths with an Info
@@ -171,7 +175,7 @@ func (c *Client) Conn() *grpc.ClientConn { return c.cc }
 // Close releases the client's connections and its shared-memory mapping.
 // Views and reservations still open become invalid.
 func (c *Client) Close() error {
-	var errs []error
+	errs := []error{c.closeHolders()}
 	if c.data != nil {
 		c.data.close()
 	}

@@ -29,10 +29,7 @@ type cluster struct {
 
 func newCluster(n *Node) (*cluster, error) {
 	cfg := &n.cfg
-	advertise := cfg.AdvertiseAddr
-	if advertise == "" {
-		advertise = n.tcpLis.Addr().String()
-	}
+	advertise := n.advertised()
 	gossipAddr := cfg.GossipAddr
 	if gossipAddr == "" {
 		host, _, _ := net.SplitHostPort(n.tcpLis.Addr().String())

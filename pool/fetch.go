@@ -136,6 +136,15 @@ const (
 	addrHost   = "host"   // the host's identity (api.HostID)
 )
 
+// advertised is the address others reach this node's gRPC service and
+// data channel at.
+func (n *Node) advertised() string {
+	if n.cfg.AdvertiseAddr != "" {
+		return n.cfg.AdvertiseAddr
+	}
+	return n.tcpLis.Addr().String()
+}
+
 // recordAddrs is what this node publishes of how to reach it.
 func (n *Node) recordAddrs(advertise, gossip string) map[string]string {
 	a := map[string]string{addrGRPC: advertise, addrGossip: gossip}
@@ -381,6 +390,61 @@ func (g *grpcService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*k
 	for i, r := range res {
 		out.Results[i] = &kvpoolv1.FetchResult{SourceNode: r.Source, Status: itemStatus(r.Err), SizeBytes: uint64(r.Size)}
 		out.FetchedBytes += uint64(r.Size)
+	}
+	return out, nil
+}
+
+// Route is, for each key, the live nodes that hold it, best measured link
+// first, this node first when it holds the key: what a client needs to
+// read blocks from their holders itself. A standalone node knows only
+// itself.
+func (n *Node) Route(tenant, namespace string, keys [][]byte) ([][]metadata.NodeRecord, error) {
+	if err := validateChain(tenant, namespace, keys); err != nil {
+		return nil, err
+	}
+	exists, err := n.store.Exists([]byte(tenant), []byte(namespace), keys)
+	if err != nil {
+		return nil, err
+	}
+	self := metadata.NodeRecord{ID: n.cfg.NodeID, Addrs: map[string]string{addrGRPC: n.advertised()}}
+	now := n.cfg.Now()
+	out := make([][]metadata.NodeRecord, len(keys))
+	for i, k := range keys {
+		var hs []metadata.NodeRecord
+		if exists[i] {
+			hs = append(hs, self)
+		}
+		if n.cluster != nil {
+			others := slicesDeleteFunc(n.cluster.mirror.Holders(tenant, namespace, k), func(r metadata.NodeRecord) bool { return r.ID == n.cfg.NodeID })
+			sort.SliceStable(others, func(a, b int) bool {
+				return n.links.Estimate(others[a].ID, now).BytesPerSecond > n.links.Estimate(others[b].ID, now).BytesPerSecond
+			})
+			hs = append(hs, others...)
+		}
+		out[i] = hs
+	}
+	return out, nil
+}
+
+// Route implements the KVPoolService RPC.
+func (g *grpcService) Route(ctx context.Context, req *kvpoolv1.RouteRequest) (*kvpoolv1.RouteResponse, error) {
+	routes, err := g.n.Route(req.GetTenant(), req.GetNamespace(), req.GetKeys())
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	now := g.n.cfg.Now()
+	out := &kvpoolv1.RouteResponse{NodeId: g.n.cfg.NodeID, Blocks: make([]*kvpoolv1.BlockRoute, len(routes))}
+	for i, hs := range routes {
+		br := &kvpoolv1.BlockRoute{}
+		for _, h := range hs {
+			ph := &kvpoolv1.Holder{NodeId: h.ID, Addr: h.Addrs[addrGRPC]}
+			if h.ID != g.n.cfg.NodeID {
+				e := g.n.links.Estimate(h.ID, now)
+				ph.BytesPerSecond, ph.RttMicros = e.BytesPerSecond, uint64(e.RTT/time.Microsecond)
+			}
+			br.Holders = append(br.Holders, ph)
+		}
+		out.Blocks[i] = br
 	}
 	return out, nil
 }

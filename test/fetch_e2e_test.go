@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -44,6 +45,20 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 					t.Fatalf("node A never located node B's blocks: %s", r.stdout)
 				}
 				time.Sleep(20 * time.Millisecond)
+			}
+			// Direct mode first: this client reads from B itself; A stores
+			// nothing.
+			out := filepath.Join(dir, "direct")
+			os.Mkdir(out, 0o755)
+			mustOK(t, kv(t, nil, "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--direct", "--dir", out))
+			for i, k := range keys {
+				got, _ := os.ReadFile(filepath.Join(out, hex.EncodeToString([]byte(k))))
+				if !bytes.Equal(got, values[i]) {
+					t.Fatalf("block %d read directly from node B differs from what it stored", i)
+				}
+			}
+			if r := kv(t, nil, "exists", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", keys[0]); r.code == 0 {
+				t.Fatalf("a direct read stored the block on node A: %s", r.stdout)
 			}
 			r := mustOK(t, kv(t, nil, "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--json"))
 			var res struct {

@@ -266,3 +266,87 @@ func TestPutWithReplicas(t *testing.T) {
 		t.Fatalf("5 copies on 4 nodes: %v", err)
 	}
 }
+
+// Direct mode: the engine's client reads blocks from their holders itself;
+// its own node routes and stores nothing. A holder that dies is replaced
+// by the next one holding the block.
+func TestGetDirectReadsFromTheHolders(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3})
+	keys := chainKeys(t, 31, 6)
+	const size = 1<<20 + 5
+	putBlocks(t, c.Client(0, api.PathData), keys, size)
+	putBlocks(t, c.Client(1, api.PathData), keys[:4], size)
+	if err := c.Client(2, api.PathData).Put(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: keys[5]}, blockValue(5, size)); err != nil {
+		t.Fatal(err)
+	}
+	c.Converged(10 * time.Second)
+	// Over the data channel: with shared memory a dead same-host holder's
+	// mapped blocks would still read (correctly: they are immutable).
+	eng := c.Client(2, api.PathData)
+	ctx := context.Background()
+
+	routes, err := eng.Route(ctx, "acme", "llama3-8b", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, hs := range routes {
+		want := map[int]int{0: 2, 1: 2, 2: 2, 3: 2, 4: 1, 5: 2}[i]
+		if len(hs) != want {
+			t.Fatalf("block %d routes to %+v, want %d holders", i, hs, want)
+		}
+	}
+	if routes[5][0].NodeID != "node-2" || routes[5][0].BytesPerSecond != 0 {
+		t.Fatalf("a block the node holds must route to it first: %+v", routes[5])
+	}
+	if routes[0][0].Addr == "" || routes[0][0].BytesPerSecond <= 0 {
+		t.Fatalf("a remote holder needs an address and a link estimate: %+v", routes[0][0])
+	}
+	check := func(res []api.DirectResult, allowed ...string) {
+		t.Helper()
+		for i, r := range res {
+			if r.Err != nil || !bytes.Equal(r.Value, blockValue(i, size)) {
+				t.Fatalf("block %d from %s: %v", i, r.Source, r.Err)
+			}
+			if i < 5 && !slicesContains(allowed, r.Source) {
+				t.Fatalf("block %d came from %s, want one of %v", i, r.Source, allowed)
+			}
+		}
+		if res[5].Source != "node-2" {
+			t.Fatalf("the local block came from %s", res[5].Source)
+		}
+	}
+	res, err := eng.GetDirect(ctx, "acme", "llama3-8b", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(res, "node-0", "node-1")
+	if st := c.Nodes[2].Node.Store().Stats(); st.Blocks != 1 {
+		t.Fatalf("direct reads stored %d blocks on the engine's node, want its own 1", st.Blocks)
+	}
+	// node-0 dies; its records outlive it until the lease ends, so the
+	// route still names it first for some blocks: they fail over.
+	c.Kill(0)
+	res, err = eng.GetDirect(ctx, "acme", "llama3-8b", keys[:4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil || r.Source != "node-1" || !bytes.Equal(r.Value, blockValue(i, size)) {
+			t.Fatalf("after node-0 died, block %d: from %q, %v", i, r.Source, r.Err)
+		}
+	}
+	// Block 4 lived only on node-0.
+	res, _ = eng.GetDirect(ctx, "acme", "llama3-8b", keys[4:5])
+	if !errors.Is(res[0].Err, api.ErrUnavailable) && !errors.Is(res[0].Err, api.ErrNotFound) {
+		t.Fatalf("a block whose only holder died: %v, want Unavailable or NotFound", res[0].Err)
+	}
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -512,6 +513,8 @@ func fetchCmd(e *env) *cobra.Command {
 	var f clientFlags
 	var keys []string
 	var holderTimeout time.Duration
+	var direct bool
+	var dir string
 	c := &cobra.Command{
 		Use:   "fetch",
 		Short: "Make blocks local on a node, pulling the ones it lacks from the nodes that hold them",
@@ -519,18 +522,45 @@ func fetchCmd(e *env) *cobra.Command {
 lacks is pulled from the live node holding it with the best measured link,
 checked against its checksum, and stored as a replica; a holder that fails or
 times out (--holder-timeout) is replaced by the next one. Prints where each
-block came from.`,
+block came from.
+
+With --direct the blocks are not stored on --server: this client asks it where
+each block lives and reads it from the holder itself (direct mode), verifying
+its checksum, and reports where each came from; add --dir to keep the bytes,
+one file per block named by its hex key.`,
+		Example: `  kvpool fetch --server 10.0.0.5:7070 --tenant acme --namespace llama3-8b --keys b0,b1,b2
+  kvpool fetch --server 10.0.0.5:7070 --tenant acme --namespace m --hex --keys 00ff,01aa --direct --dir /tmp/kv --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			list, err := f.namedKeys(keys)
 			if err != nil {
 				return err
 			}
+			if dir != "" && !direct {
+				return usageError{error: errors.New("--dir needs --direct: without it the blocks are stored on --server")}
+			}
+			if direct && cmd.Flags().Changed("holder-timeout") {
+				return usageError{error: errors.New("--holder-timeout applies to a node's fetch, not to --direct")}
+			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
 				start := time.Now()
-				res, err := c.Fetch(ctx, f.tenant, f.namespace, list, holderTimeout)
-				if err != nil {
-					return err
+				var res []api.FetchResult
+				if direct {
+					got, err := c.GetDirect(ctx, f.tenant, f.namespace, list)
+					if err != nil {
+						return err
+					}
+					for i, g := range got {
+						if g.Err == nil && dir != "" {
+							g.Err = os.WriteFile(filepath.Join(dir, hex.EncodeToString(list[i])), g.Value, 0o644)
+						}
+						res = append(res, api.FetchResult{Source: g.Source, Size: int64(len(g.Value)), Err: g.Err})
+					}
+				} else {
+					res, err = c.Fetch(ctx, f.tenant, f.namespace, list, holderTimeout)
+					if err != nil {
+						return err
+					}
 				}
 				el := time.Since(start)
 				var failed int
@@ -572,5 +602,7 @@ block came from.`,
 	f.register(c, true)
 	c.Flags().StringSliceVar(&keys, "keys", nil, "keys to fetch, comma-separated (required)")
 	c.Flags().DurationVar(&holderTimeout, "holder-timeout", 0, "give up on one holder after this long and try the next (default: the node's, 1s)")
+	c.Flags().BoolVar(&direct, "direct", false, "read the blocks from their holders from this client instead of storing them on --server")
+	c.Flags().StringVar(&dir, "dir", "", "with --direct: write each block's bytes to this directory")
 	return c
 }

@@ -1909,6 +1909,237 @@ func (x *FetchResponse) GetFetchedBytes() uint64 {
 	return 0
 }
 
+type RouteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys          [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteRequest) Reset() {
+	*x = RouteRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteRequest) ProtoMessage() {}
+
+func (x *RouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
+func (*RouteRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RouteRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RouteRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RouteRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// Holder is one node holding a block, as the answering node sees it.
+type Holder struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where its gRPC service and data channel listen.
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The answering node's measured estimate of the link from the holder
+	// (its seed while unmeasured; 0 for the answering node itself).
+	BytesPerSecond float64 `protobuf:"fixed64,3,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	RttMicros      uint64  `protobuf:"varint,4,opt,name=rtt_micros,json=rttMicros,proto3" json:"rtt_micros,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Holder) Reset() {
+	*x = Holder{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Holder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Holder) ProtoMessage() {}
+
+func (x *Holder) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Holder.ProtoReflect.Descriptor instead.
+func (*Holder) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Holder) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Holder) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *Holder) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *Holder) GetRttMicros() uint64 {
+	if x != nil {
+		return x.RttMicros
+	}
+	return 0
+}
+
+type BlockRoute struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Best first; the answering node first when it holds the block. Empty
+	// when no live node holds it.
+	Holders       []*Holder `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockRoute) Reset() {
+	*x = BlockRoute{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockRoute) ProtoMessage() {}
+
+func (x *BlockRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockRoute.ProtoReflect.Descriptor instead.
+func (*BlockRoute) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BlockRoute) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+type RouteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per requested key, in order.
+	Blocks        []*BlockRoute `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	NodeId        string        `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteResponse) Reset() {
+	*x = RouteResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteResponse) ProtoMessage() {}
+
+func (x *RouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
+func (*RouteResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RouteResponse) GetBlocks() []*BlockRoute {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *RouteResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 var File_kvpool_v1_kvpool_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_kvpool_proto_rawDesc = "" +
@@ -2048,7 +2279,23 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\"f\n" +
 	"\rFetchResponse\x120\n" +
 	"\aresults\x18\x01 \x03(\v2\x16.kvpool.v1.FetchResultR\aresults\x12#\n" +
-	"\rfetched_bytes\x18\x02 \x01(\x04R\ffetchedBytes2\xc2\x05\n" +
+	"\rfetched_bytes\x18\x02 \x01(\x04R\ffetchedBytes\"X\n" +
+	"\fRouteRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\"~\n" +
+	"\x06Holder\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12(\n" +
+	"\x10bytes_per_second\x18\x03 \x01(\x01R\x0ebytesPerSecond\x12\x1d\n" +
+	"\n" +
+	"rtt_micros\x18\x04 \x01(\x04R\trttMicros\"9\n" +
+	"\n" +
+	"BlockRoute\x12+\n" +
+	"\aholders\x18\x01 \x03(\v2\x11.kvpool.v1.HolderR\aholders\"W\n" +
+	"\rRouteResponse\x12-\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x15.kvpool.v1.BlockRouteR\x06blocks\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId2\xfe\x05\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +
@@ -2061,7 +2308,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x04Info\x12\x16.kvpool.v1.InfoRequest\x1a\x17.kvpool.v1.InfoResponse\x12I\n" +
 	"\n" +
 	"ReportLoad\x12\x1c.kvpool.v1.ReportLoadRequest\x1a\x1d.kvpool.v1.ReportLoadResponse\x12:\n" +
-	"\x05Fetch\x12\x17.kvpool.v1.FetchRequest\x1a\x18.kvpool.v1.FetchResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\x05Fetch\x12\x17.kvpool.v1.FetchRequest\x1a\x18.kvpool.v1.FetchResponse\x12:\n" +
+	"\x05Route\x12\x17.kvpool.v1.RouteRequest\x1a\x18.kvpool.v1.RouteResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_kvpool_proto_rawDescOnce sync.Once
@@ -2075,7 +2323,7 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
 	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
@@ -2108,6 +2356,10 @@ var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*FetchRequest)(nil),       // 28: kvpool.v1.FetchRequest
 	(*FetchResult)(nil),        // 29: kvpool.v1.FetchResult
 	(*FetchResponse)(nil),      // 30: kvpool.v1.FetchResponse
+	(*RouteRequest)(nil),       // 31: kvpool.v1.RouteRequest
+	(*Holder)(nil),             // 32: kvpool.v1.Holder
+	(*BlockRoute)(nil),         // 33: kvpool.v1.BlockRoute
+	(*RouteResponse)(nil),      // 34: kvpool.v1.RouteResponse
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -2124,33 +2376,37 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	22, // 11: kvpool.v1.StatsResponse.namespaces:type_name -> kvpool.v1.NamespaceStats
 	9,  // 12: kvpool.v1.FetchResult.status:type_name -> kvpool.v1.ItemStatus
 	29, // 13: kvpool.v1.FetchResponse.results:type_name -> kvpool.v1.FetchResult
-	2,  // 14: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
-	4,  // 15: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
-	8,  // 16: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
-	12, // 17: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
-	15, // 18: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
-	17, // 19: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
-	19, // 20: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
-	21, // 21: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
-	24, // 22: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
-	26, // 23: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
-	28, // 24: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
-	3,  // 25: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 26: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 27: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 28: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 29: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 30: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 31: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 32: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	25, // 33: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	27, // 34: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
-	30, // 35: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
-	25, // [25:36] is the sub-list for method output_type
-	14, // [14:25] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	32, // 14: kvpool.v1.BlockRoute.holders:type_name -> kvpool.v1.Holder
+	33, // 15: kvpool.v1.RouteResponse.blocks:type_name -> kvpool.v1.BlockRoute
+	2,  // 16: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
+	4,  // 17: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
+	8,  // 18: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
+	12, // 19: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
+	15, // 20: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
+	17, // 21: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
+	19, // 22: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
+	21, // 23: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
+	24, // 24: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
+	26, // 25: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
+	28, // 26: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
+	31, // 27: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
+	3,  // 28: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 29: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 30: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 31: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 32: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 33: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 34: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 35: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	25, // 36: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	27, // 37: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	30, // 38: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
+	34, // 39: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
+	28, // [28:40] is the sub-list for method output_type
+	16, // [16:28] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_kvpool_proto_init() }
@@ -2174,7 +2430,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

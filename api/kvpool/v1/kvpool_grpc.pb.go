@@ -43,6 +43,7 @@ const (
 	KVPoolService_Info_FullMethodName       = "/kvpool.v1.KVPoolService/Info"
 	KVPoolService_ReportLoad_FullMethodName = "/kvpool.v1.KVPoolService/ReportLoad"
 	KVPoolService_Fetch_FullMethodName      = "/kvpool.v1.KVPoolService/Fetch"
+	KVPoolService_Route_FullMethodName      = "/kvpool.v1.KVPoolService/Route"
 )
 
 // KVPoolServiceClient is the client API for KVPoolService service.
@@ -83,6 +84,10 @@ type KVPoolServiceClient interface {
 	// A holder that fails mid-transfer, or sends bytes that fail their
 	// checksum, is replaced by the next holder when there is one.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
+	// Route answers, for each key, which live nodes hold it and how to reach
+	// them, best measured link first: what a client needs to read blocks
+	// straight from their holders (direct mode) instead of through Fetch.
+	Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error)
 }
 
 type kVPoolServiceClient struct {
@@ -215,6 +220,16 @@ func (c *kVPoolServiceClient) Fetch(ctx context.Context, in *FetchRequest, opts 
 	return out, nil
 }
 
+func (c *kVPoolServiceClient) Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RouteResponse)
+	err := c.cc.Invoke(ctx, KVPoolService_Route_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVPoolServiceServer is the server API for KVPoolService service.
 // All implementations must embed UnimplementedKVPoolServiceServer
 // for forward compatibility.
@@ -253,6 +268,10 @@ type KVPoolServiceServer interface {
 	// A holder that fails mid-transfer, or sends bytes that fail their
 	// checksum, is replaced by the next holder when there is one.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
+	// Route answers, for each key, which live nodes hold it and how to reach
+	// them, best measured link first: what a client needs to read blocks
+	// straight from their holders (direct mode) instead of through Fetch.
+	Route(context.Context, *RouteRequest) (*RouteResponse, error)
 	mustEmbedUnimplementedKVPoolServiceServer()
 }
 
@@ -295,6 +314,9 @@ func (UnimplementedKVPoolServiceServer) ReportLoad(context.Context, *ReportLoadR
 }
 func (UnimplementedKVPoolServiceServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
+}
+func (UnimplementedKVPoolServiceServer) Route(context.Context, *RouteRequest) (*RouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Route not implemented")
 }
 func (UnimplementedKVPoolServiceServer) mustEmbedUnimplementedKVPoolServiceServer() {}
 func (UnimplementedKVPoolServiceServer) testEmbeddedByValue()                       {}
@@ -497,6 +519,24 @@ func _KVPoolService_Fetch_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVPoolService_Route_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVPoolServiceServer).Route(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVPoolService_Route_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVPoolServiceServer).Route(ctx, req.(*RouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVPoolService_ServiceDesc is the grpc.ServiceDesc for KVPoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -539,6 +579,10 @@ var KVPoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fetch",
 			Handler:    _KVPoolService_Fetch_Handler,
+		},
+		{
+			MethodName: "Route",
+			Handler:    _KVPoolService_Route_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

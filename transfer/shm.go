@@ -44,8 +44,10 @@ const (
 	shmSlots       = 512
 	shmControlSize = shmSlots * 8
 	// shmChunkBytes is how much one copy moves between checks of the
-	// context: small enough to cancel promptly, large enough to stream.
-	shmChunkBytes = 1 << 20
+	// context, and what a checksummed read sums while it is still in L2:
+	// 256 KiB fetched 10.3 GB/s against 9.7 with 1 MiB (bench --remote
+	// --transport shm).
+	shmChunkBytes = 256 << 10
 )
 
 // SHMConfig configures a shm transport.

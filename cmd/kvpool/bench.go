@@ -122,7 +122,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")
-	f.StringVar(&transport, "transport", "tcp", "with --remote: the transport the fetching node pulls with, tcp or grpc")
+	f.StringVar(&transport, "transport", "tcp", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")
 	f.IntVar(&conns, "conns", 2, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")
 	f.IntVar(&chainBlocks, "chain-blocks", 16, "with --remote: blocks per Fetch")
 	return c

@@ -61,6 +61,10 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		defer cli.Close()
 		pc := pool.DefaultConfig(id, cfg.CapacityBytes)
 		pc.ListenAddr, pc.ShmSocket, pc.DisableShm = "127.0.0.1:0", "", true
+		if rc.Transport == "shm" {
+			// Both nodes on this host: the fetcher maps the holder's arena.
+			pc.ShmSocket, pc.DisableShm = filepath.Join(dir, id+".sock"), false
+		}
 		pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
 		pc.Etcd, pc.LeaseTTL = cli, 5*time.Second
 		pc.Transport, pc.TransferConns = rc.Transport, rc.Conns
@@ -119,11 +123,21 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		if rc.Transport == "grpc" {
 			bc.Clients = 1
 		}
-		if base, err = newTCPBaseline(bc); err != nil {
-			return nil, err
+		if rc.Transport == "shm" {
+			// The shm transport copies with two workers.
+			bc.Clients = 2
+			mb := &memcpyBaseline{cfg: bc}
+			base = mb
+			res.Baseline = "memcpy, 2 threads"
+		} else {
+			tb, err := newTCPBaseline(bc)
+			if err != nil {
+				return nil, err
+			}
+			defer tb.close()
+			base = tb
+			res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
 		}
-		defer base.close()
-		res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
 	}
 	chains := len(keys) / rc.ChainBlocks
 	var next atomic.Int64
@@ -170,8 +184,8 @@ func fillRemote(cfg *Config, rc *RemoteConfig) error {
 	if rc.Transport == "" {
 		rc.Transport = "tcp"
 	}
-	if rc.Transport != "tcp" && rc.Transport != "grpc" {
-		return fmt.Errorf("%w: transport %q: want tcp or grpc", api.ErrInvalidArgument, rc.Transport)
+	if rc.Transport != "tcp" && rc.Transport != "grpc" && rc.Transport != "shm" {
+		return fmt.Errorf("%w: transport %q: want tcp, grpc or shm", api.ErrInvalidArgument, rc.Transport)
 	}
 	if rc.Conns <= 0 {
 		rc.Conns = 2

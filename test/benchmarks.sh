@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind the README's tables and prints one line per
 # figure. Each kvpool ratio is against a baseline measured in the same run.
-# Takes about seven minutes on 2 vCPUs. Needs redis-server and
+# Takes about ten minutes on 2 vCPUs. Needs redis-server and
 # redis-benchmark for the last part (apt-get install redis-server redis-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,5 +58,13 @@ echo "== cluster metadata: publication, mirror lag, Locate, mirror memory"
 go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Benchmark
 go test -run x -bench 'Locate$' ./metadata | grep Benchmark
 go test -run x -bench ClusterLocateRPC -benchtime 1x ./test | grep Benchmark
+echo "== transfers between two nodes: bench --remote (fetch) vs raw TCP / memcpy, 2 MiB blocks"
+"$bin" bench --remote --transport tcp --rounds 5 --duration 3s --json --quiet | summary
+"$bin" bench --remote --transport tcp --chain-blocks 64 --rounds 5 --duration 3s --json --quiet | summary
+"$bin" bench --remote --transport tcp --clients 2 --rounds 5 --duration 3s --json --quiet | summary
+"$bin" bench --remote --transport grpc --rounds 3 --duration 3s --json --quiet | summary
+"$bin" bench --remote --transport shm --rounds 3 --duration 3s --json --quiet | summary
+echo "== transports: grpc (raw codec) vs stock protobuf gRPC; tcp striping 2 vs 1 connection"
+go test -run x -bench 'GRPCTransport|Striping' -benchtime 1x ./transfer | grep Benchmark
 echo "== against Redis"
 go run ./test/redisbench --kvpool "$bin" --block-size 2MiB --clients 1,4 --duration 4s

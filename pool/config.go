@@ -219,6 +219,14 @@ func (c *Config) fillDefaults() {
 	}
 }
 
+// Validate reports every problem with c, after filling defaults in a copy,
+// without opening anything: what New would reject. Settings that only
+// apply with Etcd set are checked only then.
+func (c Config) Validate() error {
+	c.fillDefaults()
+	return c.validate()
+}
+
 // validate reports every problem with c.
 func (c *Config) validate() error {
 	var errs []error

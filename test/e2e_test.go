@@ -338,16 +338,27 @@ func TestBadFlagsAreUsageErrors(t *testing.T) {
 func TestConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "node.yaml")
-	os.WriteFile(good, []byte("capacity: 32MiB\npage_size: 8KiB\nmax_block_size: 4MiB\nreservation_timeout: 10s\n"), 0o644)
+	os.WriteFile(good, []byte("capacity: 32MiB\npage_size: 8KiB\nmax_block_size: 4MiB\nreservation_timeout: 10s\n"+
+		"transport: grpc\ntransfer_conns: 3\nfetch_timeout: 2s\nlink_seed_rate: 100MB\n"), 0o644)
 	s := startServe(t, "--config", good)
 	r := mustOK(t, kv(t, nil, "stats", "--server", s.addr, "--json"))
 	if !strings.Contains(r.stdout, `"capacity_bytes": 33554432`) || !strings.Contains(r.stdout, `"page_bytes": 8192`) {
 		t.Fatalf("config not applied: %s", r.stdout)
 	}
+	r = mustOK(t, kv(t, nil, "admin", "links", "--server", s.addr, "--json"))
+	if !strings.Contains(r.stdout, `"transport": "grpc"`) {
+		t.Fatalf("transport from the config file not applied: %s", r.stdout)
+	}
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("capacity: 32MiB\ncapacty_typo: 1\n"), 0o644)
 	if r := kv(t, nil, "serve", "--config", bad); r.code != 2 || !strings.Contains(r.stderr, "capacty_typo") {
 		t.Fatalf("unknown config key: exit %d, %q", r.code, r.stderr)
+	}
+	// Every bad transfer setting is reported, all at once.
+	if r := kv(t, nil, "serve", "--capacity", "32MiB", "--transport", "rdma", "--transfer-conns", "65", "--fetch-timeout", "-1s"); r.code != 2 ||
+		!strings.Contains(r.stderr, `transport "rdma"`) || !strings.Contains(r.stderr, "transfer connections 65") || !strings.Contains(r.stderr, "fetch timeout") ||
+		strings.Contains(r.stderr, "etcd") {
+		t.Fatalf("bad transfer flags: exit %d, %q", r.code, r.stderr)
 	}
 }
 

@@ -124,6 +124,10 @@ gracefully.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg.Registerer, cfg.Gatherer, cfg.Logger, cfg.Version = reg, reg, logger, version
+			// Refuse bad settings before starting or joining etcd.
+			if err := cfg.Validate(); err != nil {
+				return usageError{error: err}
+			}
 			if !f.standalone {
 				cli, stop, err := f.connectEtcd(cfg.NodeID, logger)
 				if err != nil {

@@ -2,11 +2,12 @@ package pool
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,17 +66,11 @@ func (n *Node) Fetch(ctx context.Context, tenant, namespace string, keys [][]byt
 			out[i].Err = api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x here, and the node runs standalone", tenant, namespace, keys[i])
 			continue
 		}
-		hs := n.cluster.mirror.Holders(tenant, namespace, keys[i])
-		hs = slicesDeleteFunc(hs, func(r metadata.NodeRecord) bool { return r.ID == n.cfg.NodeID })
+		hs := n.peerHolders(tenant, namespace, keys[i], n.cfg.Now())
 		if len(hs) == 0 {
 			out[i].Err = api.Errorf(api.ErrNotFound, "pool: no live node holds %s/%s/%x", tenant, namespace, keys[i])
 			continue
 		}
-		// Best link first.
-		now := n.cfg.Now()
-		sort.SliceStable(hs, func(a, b int) bool {
-			return n.links.Estimate(hs[a].ID, now).BytesPerSecond > n.links.Estimate(hs[b].ID, now).BytesPerSecond
-		})
 		missing = append(missing, &want{i: i, holders: hs})
 	}
 	for len(missing) > 0 {
@@ -118,14 +113,21 @@ func (n *Node) Fetch(ctx context.Context, tenant, namespace string, keys [][]byt
 	return out, nil
 }
 
-func slicesDeleteFunc[T any](s []T, del func(T) bool) []T {
-	out := s[:0]
-	for _, v := range s {
-		if !del(v) {
-			out = append(out, v)
-		}
+// peerHolders returns the other live nodes holding key, best measured
+// link first.
+func (n *Node) peerHolders(tenant, namespace string, key []byte, now time.Time) []metadata.NodeRecord {
+	if n.cluster == nil {
+		return nil
 	}
-	return out
+	hs := slices.DeleteFunc(n.cluster.mirror.Holders(tenant, namespace, key), func(r metadata.NodeRecord) bool { return r.ID == n.cfg.NodeID })
+	if len(hs) > 1 {
+		bw := make(map[string]float64, len(hs))
+		for _, h := range hs {
+			bw[h.ID] = n.links.Estimate(h.ID, now).BytesPerSecond
+		}
+		slices.SortStableFunc(hs, func(a, b metadata.NodeRecord) int { return cmp.Compare(bw[b.ID], bw[a.ID]) })
+	}
+	return hs
 }
 
 // Keys of NodeRecord.Addrs.
@@ -414,14 +416,7 @@ func (n *Node) Route(tenant, namespace string, keys [][]byte) ([][]metadata.Node
 		if exists[i] {
 			hs = append(hs, self)
 		}
-		if n.cluster != nil {
-			others := slicesDeleteFunc(n.cluster.mirror.Holders(tenant, namespace, k), func(r metadata.NodeRecord) bool { return r.ID == n.cfg.NodeID })
-			sort.SliceStable(others, func(a, b int) bool {
-				return n.links.Estimate(others[a].ID, now).BytesPerSecond > n.links.Estimate(others[b].ID, now).BytesPerSecond
-			})
-			hs = append(hs, others...)
-		}
-		out[i] = hs
+		out[i] = append(hs, n.peerHolders(tenant, namespace, k, now)...)
 	}
 	return out, nil
 }

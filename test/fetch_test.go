@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -307,7 +308,7 @@ func TestGetDirectReadsFromTheHolders(t *testing.T) {
 			if r.Err != nil || !bytes.Equal(r.Value, blockValue(i, size)) {
 				t.Fatalf("block %d from %s: %v", i, r.Source, r.Err)
 			}
-			if i < 5 && !slicesContains(allowed, r.Source) {
+			if i < 5 && !slices.Contains(allowed, r.Source) {
 				t.Fatalf("block %d came from %s, want one of %v", i, r.Source, allowed)
 			}
 		}
@@ -340,13 +341,4 @@ func TestGetDirectReadsFromTheHolders(t *testing.T) {
 	if !errors.Is(res[0].Err, api.ErrUnavailable) && !errors.Is(res[0].Err, api.ErrNotFound) {
 		t.Fatalf("a block whose only holder died: %v, want Unavailable or NotFound", res[0].Err)
 	}
-}
-
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

@@ -149,18 +149,28 @@ func parseHeader(b []byte) (Kind, RegionID, uint64, uint64, error) {
 	return Kind(b[0]), RegionID(binary.LittleEndian.Uint32(b[4:])), binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), nil
 }
 
-func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
+// requested receives a stream's header and returns the range of the
+// region it names.
+func (g *GRPC) requested(stream grpc.ServerStream) ([]byte, error) {
 	var req rawFrame
 	if err := stream.RecvMsg(&req); err != nil {
-		return err
+		return nil, err
 	}
 	_, region, off, n, err := parseHeader(req.b)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	src, err := g.slice(region, off, n)
+	mem, err := g.slice(region, off, n)
 	if err != nil {
-		return status.Error(codes.NotFound, err.Error())
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	return mem, nil
+}
+
+func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
+	src, err := g.requested(stream)
+	if err != nil {
+		return err
 	}
 	for len(src) > 0 {
 		k := min(len(src), grpcChunkBytes)
@@ -176,17 +186,9 @@ func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
 }
 
 func (g *GRPC) serveWrite(_ any, stream grpc.ServerStream) error {
-	var req rawFrame
-	if err := stream.RecvMsg(&req); err != nil {
-		return err
-	}
-	_, region, off, n, err := parseHeader(req.b)
+	dst, err := g.requested(stream)
 	if err != nil {
 		return err
-	}
-	dst, err := g.slice(region, off, n)
-	if err != nil {
-		return status.Error(codes.NotFound, err.Error())
 	}
 	got := 0
 	for {

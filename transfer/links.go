@@ -122,23 +122,13 @@ func (l *Links) Observe(peer string, n int64, d time.Duration, now time.Time) {
 	if d <= 0 {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := l.get(peer)
-	k.bw, k.rtt = l.current(k, now)
-	a := l.cfg.Alpha
 	if n < l.cfg.MinSampleBytes {
-		k.rtt = (1-a)*k.rtt + a*d.Seconds()
-		k.rttSamples++
-	} else {
-		transfer := max(d.Seconds()-k.rtt, d.Seconds()/2)
-		k.bw = (1-a)*k.bw + a*float64(n)/transfer
-		k.bwSamples++
+		l.record(peer, n, now, d.Seconds(), nil)
+		return
 	}
-	k.bytes += n
-	if now.After(k.updated) {
-		k.updated = now
-	}
+	l.record(peer, n, now, 0, func(rtt float64) float64 {
+		return float64(n) / max(d.Seconds()-rtt, d.Seconds()/2)
+	})
 }
 
 // ObserveRead records a read of n bytes from peer, requested at start,
@@ -159,19 +149,34 @@ func (l *Links) ObserveRead(peer string, n int64, start, first time.Time, firstB
 	if total <= 0 {
 		return
 	}
+	if n < l.cfg.MinSampleBytes {
+		l.record(peer, n, end, 0, nil)
+		return
+	}
+	stream := max(end.Sub(first).Seconds(), total.Seconds()/2)
+	l.record(peer, n, end, 0, func(float64) float64 { return float64(n-firstBytes) / stream })
+}
+
+// record applies one transfer of n bytes with peer that finished at now:
+// a round-trip sample when rtt is positive, and a bandwidth sample when
+// bandwidth is set (given the link's current round trip, in seconds).
+func (l *Links) record(peer string, n int64, now time.Time, rtt float64, bandwidth func(rtt float64) float64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.get(peer)
-	k.bw, k.rtt = l.current(k, end)
-	if n >= l.cfg.MinSampleBytes {
-		stream := max(end.Sub(first).Seconds(), total.Seconds()/2)
-		a := l.cfg.Alpha
-		k.bw = (1-a)*k.bw + a*float64(n-firstBytes)/stream
+	k.bw, k.rtt = l.current(k, now)
+	a := l.cfg.Alpha
+	if rtt > 0 {
+		k.rtt = (1-a)*k.rtt + a*rtt
+		k.rttSamples++
+	}
+	if bandwidth != nil {
+		k.bw = (1-a)*k.bw + a*bandwidth(k.rtt)
 		k.bwSamples++
 	}
 	k.bytes += n
-	if end.After(k.updated) {
-		k.updated = end
+	if now.After(k.updated) {
+		k.updated = now
 	}
 }
 

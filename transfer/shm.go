@@ -173,7 +173,7 @@ func (s *SHM) RegisterFile(id RegionID, f *os.File, offset int64, length uint64)
 	s.nextGen++
 	r := &shmRegion{file: dup, offset: offset, length: length, slot: slot, gen: s.nextGen}
 	s.regions[id] = r
-	atomic.StoreUint64(s.word(s.ctlMem, slot), r.gen)
+	atomic.StoreUint64(shmWord(s.ctlMem, slot), r.gen)
 	return nil
 }
 
@@ -199,7 +199,8 @@ func (s *SHM) ensureControl() error {
 	return nil
 }
 
-func (s *SHM) word(mem []byte, slot int) *uint64 {
+// shmWord is the generation word of slot in a control page.
+func shmWord(mem []byte, slot int) *uint64 {
 	return (*uint64)(unsafe.Pointer(&mem[slot*8]))
 }
 
@@ -214,7 +215,7 @@ func (s *SHM) Deregister(id RegionID) {
 	if !ok {
 		return
 	}
-	atomic.StoreUint64(s.word(s.ctlMem, r.slot), 0)
+	atomic.StoreUint64(shmWord(s.ctlMem, r.slot), 0)
 	r.file.Close()
 	delete(s.regions, id)
 }
@@ -427,7 +428,7 @@ func (s *SHM) request(p *shmPeer, id RegionID) (*shmMapping, error) {
 		p.control, ctl = mapped, mapped
 		s.mu.Unlock()
 	}
-	m := &shmMapping{slot: slot, control: ctl, gen: atomic.LoadUint64(s.word(ctl, slot))}
+	m := &shmMapping{slot: slot, control: ctl, gen: atomic.LoadUint64(shmWord(ctl, slot))}
 	if length > 0 {
 		mem, err := unix.Mmap(fds[0], offset, int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		if err != nil {
@@ -569,7 +570,7 @@ func (s *SHM) run(ctx context.Context, b *Batch, op *Op) (uint32, error) {
 	if op.Offset > uint64(len(m.mem)) || n > uint64(len(m.mem))-op.Offset {
 		return 0, fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, op.Region, op.Offset, n, op.Peer)
 	}
-	gen := s.word(m.control, m.slot)
+	gen := shmWord(m.control, m.slot)
 	if atomic.LoadUint64(gen) != m.gen {
 		s.forget(p, op.Region, m)
 		return 0, fmt.Errorf("%w: region %d on %s was withdrawn", ErrNoRegion, op.Region, op.Peer)

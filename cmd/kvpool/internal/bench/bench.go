@@ -163,24 +163,41 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer base.close()
 		res.Baseline = base.name()
 	}
+	if err := runRounds(ctx, cfg, base, res, func(r int) (measurement, error) {
+		return measure(ctx, cfg, clients, keys, r)
+	}); err != nil {
+		return nil, err
+	}
+	if cfg.Op == "get" {
+		for _, k := range keys {
+			clients[0].Remove(ctx, k)
+		}
+	}
+	return res, nil
+}
+
+// runRounds runs cfg.Rounds rounds of half the baseline, one measurement
+// and the other half, so drift hits both, and fills res with the totals,
+// the ratio and (with more than one round) each round's figures.
+func runRounds(ctx context.Context, cfg Config, base baseline, res *Result, measureRound func(r int) (measurement, error)) error {
 	var total measurement
 	for r := range cfg.Rounds {
 		var before meter
 		if base != nil {
 			before = *base.totals()
 			if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
+				return fmt.Errorf("baseline: %w", err)
 			}
 		}
-		m, err := measure(ctx, cfg, clients, keys, r)
+		m, err := measureRound(r)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		total.add(m)
 		round := Round{GBps: m.gbps()}
 		if base != nil {
 			if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
+				return fmt.Errorf("baseline: %w", err)
 			}
 			after := base.totals()
 			round.BaselineGBps = (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
@@ -199,12 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.RatioToBaseline = res.GBps / res.BaselineGBps
 		}
 	}
-	if cfg.Op == "get" {
-		for _, k := range keys {
-			clients[0].Remove(ctx, k)
-		}
-	}
-	return res, nil
+	return nil
 }
 
 func startNode(cfg Config) (*pool.Node, func(), error) {

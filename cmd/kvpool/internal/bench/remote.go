@@ -141,38 +141,10 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 	}
 	chains := len(keys) / rc.ChainBlocks
 	var next atomic.Int64
-	var total measurement
-	for r := range cfg.Rounds {
-		var before meter
-		if base != nil {
-			before = *base.totals()
-			if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
-			}
-		}
-		m, err := measureFetch(ctx, cfg, rc, clients, keys, chains, &next)
-		if err != nil {
-			return nil, err
-		}
-		total.add(m)
-		round := Round{GBps: m.gbps()}
-		if base != nil {
-			if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
-			}
-			after := base.totals()
-			round.BaselineGBps = (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
-			round.RatioToBaseline = round.GBps / round.BaselineGBps
-		}
-		if cfg.Rounds > 1 {
-			res.Rounds = append(res.Rounds, round)
-		}
-		_ = r
-	}
-	total.fill(res)
-	if base != nil {
-		res.BaselineGBps = base.totals().gbps()
-		res.RatioToBaseline = res.GBps / res.BaselineGBps
+	if err := runRounds(ctx, cfg, base, res, func(int) (measurement, error) {
+		return measureFetch(ctx, cfg, rc, clients, keys, chains, &next)
+	}); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -26,6 +26,12 @@ type Load struct {
 	QueueSeconds float64 `json:"queue_s"`
 	// PrefillTokensPerSecond is the engine's current prefill speed.
 	PrefillTokensPerSecond float64 `json:"prefill_tps"`
+	// PrefillPromptTokens is the prompt length that speed was measured
+	// at, 0 if the engine did not say; the cost model scales the node's
+	// prefill curve so it passes through (tokens, speed).
+	PrefillPromptTokens int64 `json:"prefill_tokens,omitempty"`
+	// Model is the model profile the engine serves, as it reported it.
+	Model string `json:"model,omitempty"`
 	// EngineReportUnix is when the engine last reported, 0 if never.
 	EngineReportUnix int64 `json:"engine_at,omitempty"`
 }

@@ -38,6 +38,20 @@ type MemberConfig struct {
 	// Snapshot lists every block the node holds, for snapshots. Required.
 	// It is called from the member's goroutine and must not block on it.
 	Snapshot func(yield func(tenant, namespace string, key []byte) bool)
+	// Links, when set, reports the node's current estimates of its links
+	// to its peers; the member publishes them under links/<node> on its
+	// lease, for every mirror's link matrix. It is called from the
+	// member's goroutine every LinkInterval and must not block; the
+	// member copies what it returns. Entries that fail validation (see
+	// NodeLinks) and repeats of a peer are dropped and logged. Default
+	// nil: publish nothing.
+	Links func() []LinkRecord
+	// LinkInterval is how often Links is polled. A poll writes the record
+	// only when it changed materially since the last write in this lease
+	// (a peer appeared or left, a seed became a measurement, or a
+	// throughput or round trip moved by more than 5%), or when only sample
+	// counts moved and the last write is 30 s old. Default 1 s.
+	LinkInterval time.Duration
 	// Logger receives the member's logs. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
@@ -63,6 +77,9 @@ func (c *MemberConfig) fill() error {
 	if c.CompactAfter == 0 {
 		c.CompactAfter = 512
 	}
+	if c.LinkInterval == 0 {
+		c.LinkInterval = time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -84,6 +101,9 @@ func (c *MemberConfig) fill() error {
 	}
 	if c.MaxBatch < 1 || c.MaxQueue < c.MaxBatch || c.CompactAfter < 2 || c.FlushInterval < 0 {
 		errs = append(errs, errors.New("batch limits: want MaxBatch ≥ 1, MaxQueue ≥ MaxBatch, CompactAfter ≥ 2, FlushInterval ≥ 0"))
+	}
+	if c.LinkInterval < 0 {
+		errs = append(errs, fmt.Errorf("link interval %v: want > 0", c.LinkInterval))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("metadata: invalid member config: %w", errors.Join(errs...))
@@ -119,15 +139,35 @@ type Member struct {
 	lease   clientv3.LeaseID
 	seq     uint64
 	logLen  int // batches in the current epoch's log since the last snapshot
+	links   linkState
 	stats   MemberStats
 	statsMu sync.Mutex
+}
+
+// linkState is what the member published under links/<node> in the
+// current lease. Owned by Run's goroutine.
+type linkState struct {
+	// written is the last record written in this lease, sorted by peer;
+	// nil before the first write or when the key was deleted.
+	written []LinkRecord
+	// at is when written was written, by MemberConfig.Now.
+	at time.Time
+	// dropped is how many entries the last poll dropped as invalid, so a
+	// steady stream of bad entries is logged once, not every poll.
+	dropped int
+	// failing is set while writes fail, so an outage is logged once.
+	failing bool
 }
 
 // MemberStats counts what a member wrote.
 type MemberStats struct {
 	Batches, Records, Snapshots, Failures uint64
-	Epoch                                 int64
-	Queued                                int
+	// LinkWrites counts links records written, including those written
+	// at registration; LinkFailures counts failed link writes (each is
+	// retried at the next poll).
+	LinkWrites, LinkFailures uint64
+	Epoch                    int64
+	Queued                   int
 }
 
 // NewMember validates cfg. It starts nothing.
@@ -243,6 +283,12 @@ func (m *Member) session(ctx context.Context) error {
 	}
 	tick := time.NewTicker(max(m.cfg.FlushInterval, time.Millisecond))
 	defer tick.Stop()
+	var linkTick <-chan time.Time // nil without a Links function: never fires
+	if m.cfg.Links != nil {
+		t := time.NewTicker(m.cfg.LinkInterval)
+		defer t.Stop()
+		linkTick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -273,6 +319,10 @@ func (m *Member) session(ctx context.Context) error {
 			if err := m.flush(ctx); err != nil {
 				return err
 			}
+		case <-linkTick:
+			if err := m.publishLinks(ctx); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -290,17 +340,35 @@ func (m *Member) register(ctx context.Context) error {
 	rec.Epoch = int64(g.ID)
 	rec.StartedUnix = m.cfg.Now().Unix()
 	b, _ := jsonMarshal(rec)
+	// The links record goes out with the registration, so mirrors learn
+	// the new epoch's links at once; with none to publish, an earlier
+	// epoch's record is deleted.
+	links := m.pollLinks()
+	linkOp := clientv3.OpDelete(m.keys.link(rec.ID))
+	if len(links) > 0 {
+		lb, err := jsonMarshal(NodeLinks{Node: rec.ID, UnixNano: m.cfg.Now().UnixNano(), Links: links})
+		if err != nil {
+			return fmt.Errorf("encode links: %w", err)
+		}
+		linkOp = clientv3.OpPut(m.keys.link(rec.ID), string(lb), clientv3.WithLease(g.ID))
+	}
 	// Earlier epochs of this node (a restart with the same id) are gone
 	// from etcd's point of view once their lease expires; delete them now
 	// so a restarted node is clean at once.
 	_, err = m.cfg.Client.Txn(lctx).Then(
 		clientv3.OpDelete(m.keys.nodeLocs(rec.ID), clientv3.WithPrefix()),
 		clientv3.OpPut(m.keys.node(rec.ID), string(b), clientv3.WithLease(g.ID)),
+		linkOp,
 	).Commit()
 	if err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
 	m.lease, m.seq, m.logLen = g.ID, 0, 0
+	m.links.written, m.links.at, m.links.failing = nil, m.cfg.Now(), false
+	if len(links) > 0 {
+		m.links.written = links
+		m.count(func(s *MemberStats) { s.LinkWrites++ })
+	}
 	m.mu.Lock()
 	m.mu.epoch = int64(g.ID)
 	m.mu.queue, m.mu.needSnapshot = nil, true

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -123,6 +124,8 @@ func (m *Mirror) load(ctx context.Context) error {
 			m.applyNode(st, kv)
 		case strings.HasPrefix(k, m.keys.locs()):
 			locs = append(locs, kv)
+		case strings.HasPrefix(k, m.keys.links()):
+			m.applyLinks(st, kv)
 		}
 	}
 	// Keys sort by node, epoch and seq, which is the order to apply them.
@@ -164,6 +167,18 @@ func (m *Mirror) applyLoc(st *state, kv *mvccpb.KeyValue) {
 			m.cfg.OnApply(time.Since(time.Unix(0, b.UnixNano)), len(b.Records))
 		}
 	}
+}
+
+func (m *Mirror) applyLinks(st *state, kv *mvccpb.KeyValue) {
+	rec, err := DecodeNodeLinks(kv.Value)
+	if err == nil && string(kv.Key) != m.keys.link(rec.Node) {
+		err = fmt.Errorf("%w: links record of %q under key %q", ErrMalformed, rec.Node, kv.Key)
+	}
+	if err != nil {
+		m.skip(kv, err)
+		return
+	}
+	st.setLinks(rec)
 }
 
 func (m *Mirror) skip(kv *mvccpb.KeyValue, err error) {
@@ -215,6 +230,12 @@ func (m *Mirror) applyEvent(ev *clientv3.Event) {
 		if ev.Type == clientv3.EventTypePut {
 			m.applyLoc(m.st, ev.Kv)
 		}
+	case strings.HasPrefix(k, m.keys.links()):
+		if ev.Type == clientv3.EventTypeDelete {
+			m.st.dropLinks(strings.TrimPrefix(k, m.keys.links()))
+			return
+		}
+		m.applyLinks(m.st, ev.Kv)
 	}
 	if ev.Kv.ModRevision > m.rev {
 		m.rev = ev.Kv.ModRevision
@@ -256,9 +277,34 @@ func (m *Mirror) Blocks(node string, limit int) []Record {
 	return m.st.nodeRecords(node, limit)
 }
 
+// Link returns the published estimate of the link from node from to node
+// to, as from measured it, and whether from published one. Nodes that
+// gossip declared dead are not filtered out: callers filter nodes.
+func (m *Mirror) Link(from, to string) (LinkRecord, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return findLink(m.st.links[from].Links, to)
+}
+
+// Links returns every node's published links record, sorted by node, each
+// with its links sorted by peer: the whole link matrix, for admin and
+// debugging. Dead nodes are not filtered out. The caller owns the result.
+func (m *Mirror) Links() []NodeLinks {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]NodeLinks, 0, len(m.st.links))
+	for _, rec := range m.st.links {
+		rec.Links = slices.Clone(rec.Links)
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
 // MirrorStats counts what the mirror did.
 type MirrorStats struct {
-	Nodes, Blocks               int
+	// Links counts the nodes whose links record the mirror holds.
+	Nodes, Blocks, Links        int
 	Revision                    int64
 	Applied, Malformed, Reloads uint64
 }
@@ -266,7 +312,7 @@ type MirrorStats struct {
 // Stats returns counters and sizes.
 func (m *Mirror) Stats() MirrorStats {
 	m.mu.RLock()
-	st := MirrorStats{Nodes: len(m.st.nodes), Blocks: len(m.st.blocks), Revision: m.rev}
+	st := MirrorStats{Nodes: len(m.st.nodes), Blocks: len(m.st.blocks), Links: len(m.st.links), Revision: m.rev}
 	m.mu.RUnlock()
 	st.Applied, st.Malformed, st.Reloads = m.applied.Load(), m.malformed.Load(), m.reloads.Load()
 	return st

@@ -15,6 +15,8 @@ import (
 //
 //	nodes/<node>                         NodeRecord as JSON, on the node's lease
 //	loc/<node>/<epoch>/<seq>             a Batch of location records, on the lease
+//	links/<node>                         NodeLinks as JSON: the node's measured
+//	                                     links to its peers, on the lease
 //	policies/<tenant>                    a tenant policy record (JSON), no lease
 //
 // <epoch> is the node's lease id in hex: every lease a node holds starts a
@@ -46,6 +48,9 @@ type NodeRecord struct {
 	Epoch int64 `json:"epoch"`
 	// StartedUnix is when the node process started, in seconds.
 	StartedUnix int64 `json:"started_unix"`
+	// Accelerator names the node's engine hardware ("h200"), which picks
+	// its default prefill-speed curves in the cost model. Empty: unknown.
+	Accelerator string `json:"accelerator,omitempty"`
 }
 
 func (r *NodeRecord) validate() error {
@@ -275,6 +280,8 @@ func (k keys) locs() string                { return k.prefix + "loc/" }
 func (k keys) nodeLocs(id string) string   { return k.prefix + "loc/" + id + "/" }
 func (k keys) policy(tenant string) string { return k.prefix + "policies/" + tenant }
 func (k keys) policies() string            { return k.prefix + "policies/" }
+func (k keys) links() string               { return k.prefix + "links/" }
+func (k keys) link(id string) string       { return k.prefix + "links/" + id }
 func (k keys) epochLocs(id string, epoch int64) string {
 	return k.nodeLocs(id) + strconv.FormatInt(epoch, 16) + "/"
 }

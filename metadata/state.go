@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // state is the mirrored location index: which node holds which block. It
@@ -15,6 +16,10 @@ type state struct {
 	slots  []string          // slot -> node id, "" when free
 	blocks map[string]uint32 // tenant\0namespace\0key -> holder set id
 	sets   holderSets
+	// links holds each node's published links record, by node, with
+	// Links sorted by peer. Independent of nodes: a node's links and its
+	// record leave etcd together with its lease.
+	links map[string]NodeLinks
 	// scratch builds block keys for lookups without allocating.
 	scratch []byte
 }
@@ -39,8 +44,18 @@ type nodeState struct {
 }
 
 func newState() *state {
-	return &state{nodes: map[string]*nodeState{}, blocks: map[string]uint32{}, sets: newHolderSets()}
+	return &state{nodes: map[string]*nodeState{}, blocks: map[string]uint32{}, sets: newHolderSets(), links: map[string]NodeLinks{}}
 }
+
+// setLinks stores a validated links record, replacing the node's previous
+// one. The state keeps rec.Links sorted by peer; it owns rec from now on.
+func (s *state) setLinks(rec NodeLinks) {
+	slices.SortFunc(rec.Links, func(a, b LinkRecord) int { return strings.Compare(a.Peer, b.Peer) })
+	s.links[rec.Node] = rec
+}
+
+// dropLinks forgets a node's links record.
+func (s *state) dropLinks(node string) { delete(s.links, node) }
 
 func (s *state) blockKey(tenant, namespace, key string) []byte {
 	s.scratch = append(append(append(append(append(s.scratch[:0], tenant...), 0), namespace...), 0), key...)

@@ -2,10 +2,10 @@ package pool
 
 import (
 	"context"
+	"math"
 	"net"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,9 +22,6 @@ type cluster struct {
 	member *metadata.Member
 	mirror *metadata.Mirror
 	gossip *metadata.Gossip
-
-	mu     sync.Mutex
-	engine metadata.Load // the local engine's last report
 }
 
 func newCluster(n *Node) (*cluster, error) {
@@ -62,7 +59,7 @@ func newCluster(n *Node) (*cluster, error) {
 			}
 			return seeds
 		},
-		Load:   func() metadata.Load { return c.load(n.store) },
+		Load:   n.load,
 		Logger: cfg.Logger,
 	})
 	if err != nil {
@@ -76,10 +73,12 @@ func newCluster(n *Node) (*cluster, error) {
 			Addrs:         n.recordAddrs(advertise, c.gossip.Addr()),
 			CapacityBytes: cfg.CapacityBytes,
 			Zone:          cfg.Zone,
+			Accelerator:   cfg.Accelerator,
 			Version:       cfg.Version,
 		},
 		LeaseTTL: cfg.LeaseTTL,
 		Snapshot: n.store.ForEach,
+		Links:    n.linkRecords,
 		Logger:   cfg.Logger,
 	})
 	if err != nil {
@@ -96,26 +95,51 @@ func (c *cluster) run(ctx context.Context, start func(name string, f func() erro
 	start("gossip", func() error { return c.gossip.Run(ctx) })
 }
 
-func (c *cluster) load(s *Store) metadata.Load {
-	st := s.Stats()
-	c.mu.Lock()
-	l := c.engine
-	c.mu.Unlock()
+// linkRecords are this node's measured links, for the member to publish:
+// every daemon plans with the whole link matrix.
+func (n *Node) linkRecords() []metadata.LinkRecord {
+	var out []metadata.LinkRecord
+	for _, e := range n.links.All(n.cfg.Now()) {
+		if e.Peer == n.cfg.NodeID {
+			continue
+		}
+		out = append(out, metadata.LinkRecord{Peer: e.Peer, BytesPerSecond: e.BytesPerSecond, RTTMicros: e.RTT.Microseconds(), Samples: e.Samples})
+	}
+	return out
+}
+
+// load is what the node gossips: its store's usage and its engine's last
+// report.
+func (n *Node) load() metadata.Load {
+	st := n.store.Stats()
+	n.engineMu.Lock()
+	l := n.engine
+	n.engineMu.Unlock()
 	l.CapacityBytes, l.UsedBytes, l.Blocks = int64(st.CapacityBytes), int64(st.UsedBytes), int64(st.Blocks)
 	return l
 }
 
 // ReportLoad records the local engine's queue time and prefill speed; the
-// node gossips them. Without a cluster they are only kept for Info.
+// node plans with them and gossips them.
 func (g *grpcService) ReportLoad(_ context.Context, req *kvpoolv1.ReportLoadRequest) (*kvpoolv1.ReportLoadResponse, error) {
-	q, tps := req.GetQueueSeconds(), req.GetPrefillTokensPerSecond()
-	if q < 0 || tps < 0 || q != q || tps != tps {
+	q, tps, at := req.GetQueueSeconds(), req.GetPrefillTokensPerSecond(), req.GetPrefillPromptTokens()
+	if q < 0 || tps < 0 || math.IsNaN(q) || math.IsNaN(tps) || math.IsInf(q, 0) || math.IsInf(tps, 0) {
 		return nil, api.ToStatus(api.Errorf(api.ErrInvalidArgument, "pool: queue %v s and prefill %v tokens/s must be non-negative numbers", q, tps))
 	}
-	if c := g.n.cluster; c != nil {
-		c.mu.Lock()
-		c.engine.QueueSeconds, c.engine.PrefillTokensPerSecond, c.engine.EngineReportUnix = q, tps, g.n.cfg.Now().Unix()
-		c.mu.Unlock()
+	if at > 1<<40 {
+		return nil, api.ToStatus(api.Errorf(api.ErrInvalidArgument, "pool: prefill prompt tokens %d is implausible", at))
+	}
+	if m := req.GetModel(); m != "" {
+		if _, err := g.n.cfg.Profiles.Model(m); err != nil {
+			return nil, api.ToStatus(api.Errorf(api.ErrInvalidArgument, "pool: report load: %v", err))
+		}
+	}
+	n := g.n
+	n.engineMu.Lock()
+	n.engine.QueueSeconds, n.engine.PrefillTokensPerSecond, n.engine.EngineReportUnix = q, tps, n.cfg.Now().Unix()
+	n.engine.PrefillPromptTokens, n.engine.Model = int64(at), req.GetModel()
+	n.engineMu.Unlock()
+	if c := n.cluster; c != nil {
 		c.gossip.Refresh()
 	}
 	return &kvpoolv1.ReportLoadResponse{}, nil

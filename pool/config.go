@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/transfer"
+	"github.com/kvpool/kvpool/transfer/cost"
 )
 
 // Config configures a node. New copies it, fills defaults for zero fields
@@ -104,6 +105,21 @@ type Config struct {
 	FetchTimeout time.Duration
 	// Links seeds and tunes the per-link bandwidth estimates.
 	Links transfer.LinkConfig
+	// Model is the model profile Estimate and Plan assume when a request
+	// names none. It must be in Profiles. Default "llama3-8b".
+	Model string
+	// Accelerator names this node's engine hardware ("h200"); with a
+	// request's model it picks the node's prefill curve, and it is
+	// published in the node record so every daemon plans with it.
+	// Default "h200".
+	Accelerator string
+	// BlockTokens is how many tokens one chain key covers, for Estimate
+	// and Plan requests that do not say. Default 16 (vLLM's block size).
+	BlockTokens int
+	// Profiles are the model profiles and prefill curves the cost model
+	// reads. Default: the built-in ones (cost.NewProfiles). The node only
+	// reads it; do not modify it after New.
+	Profiles *cost.Profiles
 	// WrapTransport, when set, wraps the transport the node pulls with
 	// (fault injection in tests: transfer.Faulty).
 	WrapTransport func(transfer.Transport) transfer.Transport
@@ -197,6 +213,18 @@ func (c *Config) fillDefaults() {
 	if c.FetchTimeout == 0 {
 		c.FetchTimeout = time.Second
 	}
+	if c.Model == "" {
+		c.Model = "llama3-8b"
+	}
+	if c.Accelerator == "" {
+		c.Accelerator = cost.DefaultAccelerator
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = 16
+	}
+	if c.Profiles == nil {
+		c.Profiles = cost.NewProfiles()
+	}
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -281,6 +309,17 @@ func (c *Config) validate() error {
 		if err := api.ValidateName("zone", c.Zone); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.BlockTokens < 1 {
+		bad("block tokens %d: want a positive count", c.BlockTokens)
+	}
+	if err := api.ValidateName("accelerator", c.Accelerator); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Profiles.Model(c.Model); err != nil {
+		errs = append(errs, err)
+	} else if _, err := c.Profiles.Curve(c.Model, c.Accelerator); err != nil {
+		errs = append(errs, err)
 	}
 	if !c.DisableShm && len(c.transferSocket()) > 107 {
 		bad("shm socket path %q is too long: it and %q must fit the 107 bytes a unix socket allows", c.ShmSocket, c.transferSocket())

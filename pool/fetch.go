@@ -217,13 +217,6 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 	t0 := time.Now()
 	batch := tr.Submit(ctx, ops)
 	werr := batch.Wait(ctx)
-	if werr == nil || batch.Bytes() > 0 {
-		end := time.Now()
-		first, firstBytes := batch.FirstResponse()
-		n.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
-		n.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
-			"first_response", first.Sub(t0), "read", end.Sub(t0))
-	}
 	if ctx.Err() != nil {
 		// Some ops may still be writing into reservations: wait for the
 		// transport to let go before giving the space back.
@@ -252,6 +245,16 @@ func (n *Node) pull(ctx context.Context, holder metadata.NodeRecord, tenant, nam
 		_ = cr
 		out[k] = FetchResult{Source: holder.ID, Size: int64(pins[k].size)}
 		n.metrics.fetched.WithLabelValues(tr.Name()).Add(float64(pins[k].size))
+	}
+	// The link's estimate is what a fetch delivers: bytes read and
+	// committed, usable here, per second after the first response (the
+	// cost model plans fetches with it).
+	if werr == nil || batch.Bytes() > 0 {
+		end := time.Now()
+		first, firstBytes := batch.FirstResponse()
+		n.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
+		n.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
+			"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))
 	}
 	return out
 }

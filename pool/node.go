@@ -23,6 +23,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -44,6 +45,9 @@ type Node struct {
 	metrics  *metrics
 	hostID   string
 	cluster  *cluster // nil for a standalone node
+
+	engineMu sync.Mutex
+	engine   metadata.Load // the local engine's last ReportLoad
 
 	// Transfers: every transport serves the arena as arenaRegion to peers
 	// (shm only with shared memory on); transport (tcp or grpc, per

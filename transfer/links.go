@@ -225,3 +225,13 @@ func (l *Links) All(now time.Time) []Estimate {
 func (e Estimate) FetchTime(n int64) time.Duration {
 	return e.RTT + time.Duration(float64(n)/e.BytesPerSecond*float64(time.Second))
 }
+
+// Seed is what a link to peer is assumed to be before it is measured:
+// its entry in LinkConfig.Seeds, or the default seed. An empty peer gives
+// the default.
+func (l *Links) Seed(peer string) Seed {
+	if s, ok := l.cfg.Seeds[peer]; ok && peer != "" {
+		return s
+	}
+	return Seed{BytesPerSecond: l.cfg.SeedBytesPerSecond, RTT: l.cfg.SeedRTT}
+}

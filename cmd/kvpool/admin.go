@@ -120,12 +120,66 @@ func dash(s string) string {
 	return s
 }
 
+// chainFlags name a prefix chain: its keys (--keys, text or --hex), or a
+// prompt's tokens (--tokens-file) hashed as the engine hashes them.
+type chainFlags struct {
+	keys        []string
+	tokensFile  string
+	scheme      string
+	seed        string
+	blockTokens int
+}
+
+func (f *chainFlags) register(c *cobra.Command, cf *clientFlags) {
+	fl := c.Flags()
+	if fl.Lookup("hex") == nil {
+		fl.BoolVar(&cf.hex, "hex", false, "--keys are hex")
+	}
+	fl.StringSliceVar(&f.keys, "keys", nil, "the chain's keys, block 0 first, comma-separated")
+	fl.StringVar(&f.tokensFile, "tokens-file", "", "file of the prompt's token ids ('-' for stdin)")
+	fl.IntVar(&f.blockTokens, "block-tokens", 16, "tokens per block")
+	fl.StringVar(&f.scheme, "scheme", "sha256_cbor", "chain hash, with --tokens-file: sha256_cbor (vLLM) or sha256")
+	fl.StringVar(&f.seed, "seed", "0", "chain seed, with --tokens-file (vLLM: PYTHONHASHSEED)")
+}
+
+// chain returns the chain and, with --tokens-file, the prompt's length in
+// tokens (0 with --keys). Errors are usage errors.
+func (f *chainFlags) chain(e *env, cf *clientFlags) ([][]byte, int, error) {
+	if f.blockTokens <= 0 {
+		return nil, 0, usageError{error: fmt.Errorf("--block-tokens %d: want a positive count", f.blockTokens)}
+	}
+	switch {
+	case f.tokensFile != "" && len(f.keys) > 0:
+		return nil, 0, usageError{error: fmt.Errorf("give --keys or --tokens-file, not both")}
+	case f.tokensFile != "":
+		s, err := api.ParseChainScheme(f.scheme)
+		if err != nil {
+			return nil, 0, usageError{error: err}
+		}
+		tokens, err := readTokensFile(e, f.tokensFile)
+		if err != nil {
+			return nil, 0, usageError{error: err}
+		}
+		chain, err := api.ChainKeys(api.ChainConfig{Scheme: s, BlockTokens: f.blockTokens, Seed: f.seed}, tokens)
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(chain) == 0 {
+			return nil, 0, usageError{error: fmt.Errorf("%d tokens make no full block of %d", len(tokens), f.blockTokens)}
+		}
+		return chain, len(tokens), nil
+	}
+	chain, err := cf.keys(f.keys)
+	if err != nil {
+		return nil, 0, usageError{error: err}
+	}
+	return chain, 0, nil
+}
+
 func adminLocateCmd(e *env) *cobra.Command {
 	var f adminFlags
 	var cf clientFlags
-	var keys []string
-	var tokensFile, scheme, seed string
-	var blockTokens int
+	var chf chainFlags
 	c := &cobra.Command{
 		Use:   "locate",
 		Short: "Show how many leading blocks of a prefix chain each node holds",
@@ -141,33 +195,9 @@ and how much of the chain the pool holds anywhere.`,
 			if err := cf.checkNames(); err != nil {
 				return usageError{error: err}
 			}
-			var chain [][]byte
-			switch {
-			case tokensFile != "" && len(keys) > 0:
-				return usageError{error: fmt.Errorf("give --keys or --tokens-file, not both")}
-			case tokensFile != "":
-				s, err := api.ParseChainScheme(scheme)
-				if err != nil {
-					return usageError{error: err}
-				}
-				if blockTokens <= 0 {
-					return usageError{error: fmt.Errorf("--block-tokens %d: want a positive count", blockTokens)}
-				}
-				tokens, err := readTokensFile(e, tokensFile)
-				if err != nil {
-					return usageError{error: err}
-				}
-				if chain, err = api.ChainKeys(api.ChainConfig{Scheme: s, BlockTokens: blockTokens, Seed: seed}, tokens); err != nil {
-					return err
-				}
-				if len(chain) == 0 {
-					return usageError{error: fmt.Errorf("%d tokens make no full block of %d", len(tokens), blockTokens)}
-				}
-			default:
-				var err error
-				if chain, err = cf.keys(keys); err != nil {
-					return usageError{error: err}
-				}
+			chain, _, err := chf.chain(e, &cf)
+			if err != nil {
+				return err
 			}
 			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
 				r, err := a.ClusterLocate(ctx, &kvpoolv1.ClusterLocateRequest{Tenant: cf.tenant, Namespace: cf.namespace, Keys: chain})
@@ -191,12 +221,7 @@ and how much of the chain the pool holds anywhere.`,
 	f.register(c)
 	c.Flags().StringVar(&cf.tenant, "tenant", "", "tenant (required)")
 	c.Flags().StringVar(&cf.namespace, "namespace", "", "namespace (required)")
-	c.Flags().BoolVar(&cf.hex, "hex", false, "--keys are hex")
-	c.Flags().StringSliceVar(&keys, "keys", nil, "the chain's keys, block 0 first, comma-separated")
-	c.Flags().StringVar(&tokensFile, "tokens-file", "", "file of the prompt's token ids ('-' for stdin)")
-	c.Flags().IntVar(&blockTokens, "block-tokens", 16, "tokens per block, with --tokens-file")
-	c.Flags().StringVar(&scheme, "scheme", "sha256_cbor", "chain hash, with --tokens-file: sha256_cbor (vLLM) or sha256")
-	c.Flags().StringVar(&seed, "seed", "0", "chain seed, with --tokens-file (vLLM: PYTHONHASHSEED)")
+	chf.register(c, &cf)
 	return c
 }
 

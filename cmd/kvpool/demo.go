@@ -42,7 +42,7 @@ cluster stats, stops everything and exits 0.`,
 	}
 	c.Flags().IntVar(&blocks, "blocks", 12, "blocks in the longest chain")
 	c.Flags().IntVar(&blockTokens, "block-tokens", 16, "tokens per block")
-	c.Flags().Int64Var(&bytesPerToken, "kv-bytes-per-token", 32768, "KV bytes per token (131072 is Llama-3-8B in bf16)")
+	c.Flags().Int64Var(&bytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token of the stored blocks (131072 is Llama-3-8B in bf16, the model the plan assumes)")
 	return c
 }
 
@@ -233,17 +233,76 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	fmt.Fprintf(out, "\nnew request: %d tokens = %d blocks; asked node-2 where they are (kvpool admin locate):\n", len(request), len(rkeys))
 	printLocate(out, loc)
 
-	// The request goes to node-2, which holds a quarter: it reads the rest
-	// from the deepest holder, node-0, and verifies every byte.
-	t0 := time.Now()
-	buf := make([]byte, blockBytes)
-	have := blocks / 4
-	for i := range blocks {
-		src := clients[2]
-		if i >= have {
-			src = clients[0]
+	// Where should the request run, and should that node fetch or
+	// recompute? The engines report their queues (node-0 holds the most
+	// and is busiest); node-2 plans against the live cluster, with every
+	// link at a fast and at a slow what-if bandwidth: the decision flips.
+	queues := []time.Duration{300 * time.Millisecond, 40 * time.Millisecond, 0}
+	for i, q := range queues {
+		if err := clients[i].ReportLoad(ctx, api.Load{Queue: q}); err != nil {
+			return err
 		}
-		m, err := src.Get(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: rkeys[i]}, buf)
+	}
+	planReq := &kvpoolv1.PlanRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys, Model: "llama3-8b",
+		BlockTokens: uint32(blockTokens), PromptTokens: uint64(len(request))}
+	waitStart = time.Now()
+	for {
+		resp, err := clients[2].Plan(ctx, planReq)
+		if err != nil {
+			return err
+		}
+		seen := 0
+		for _, np := range resp.GetNodes() {
+			for i, q := range queues {
+				if np.GetNodeId() == cl.nodes[i].ID() && time.Duration(np.GetQueueSeconds()*float64(time.Second)) == q {
+					seen++
+				}
+			}
+		}
+		if seen == len(queues) {
+			break
+		}
+		if time.Since(waitStart) > 15*time.Second {
+			return errors.New("demo: the engines' load did not reach node-2 within 15 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fmt.Fprintf(out, "\nthe engines report their queues (node-0 %v, node-1 %v, node-2 idle); node-2 plans the request as Llama-3-8B on H200s (kvpool plan --server):\n", queues[0], queues[1])
+	for _, whatIf := range []struct {
+		gbps float64
+		what string
+	}{{25, "fast links, 25 GB/s (200 Gbit/s RDMA)"}, {0.25, "slow links, 0.25 GB/s (2 Gbit/s)"}} {
+		planReq.LinkBytesPerSecond = whatIf.gbps * 1e9
+		resp, err := clients[2].Plan(ctx, planReq)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\n%s:\n", whatIf.what)
+		printPlan(out, resp)
+	}
+
+	// The request goes to node-2, which holds a quarter: it fetches the
+	// rest from node-0 over the tcp transport (a measured transfer) and
+	// verifies every byte.
+	t0 := time.Now()
+	have := blocks / 4
+	res, err := clients[2].Fetch(ctx, tenant, namespace, rkeys[:blocks], 0)
+	if err != nil {
+		return err
+	}
+	sources := map[string][]int{}
+	for i, r := range res {
+		if r.Err != nil {
+			return fmt.Errorf("demo: fetch block %d: %w", i, r.Err)
+		}
+		if r.Source != "" {
+			sources[r.Source] = append(sources[r.Source], i)
+		}
+	}
+	took := time.Since(t0)
+	buf := make([]byte, blockBytes)
+	for i := range blocks {
+		m, err := clients[2].Get(ctx, api.BlockKey{Tenant: tenant, Namespace: namespace, Key: rkeys[i]}, buf)
 		if err != nil {
 			return err
 		}
@@ -251,8 +310,14 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 			return fmt.Errorf("demo: block %d came back different", i)
 		}
 	}
-	fmt.Fprintf(out, "node-2 reads blocks 0..%d locally and %d..%d from node-0 in %v, every byte checked; the last %d blocks are new and get computed\n",
-		have-1, have, blocks-1, time.Since(t0).Round(time.Microsecond), len(rkeys)-blocks)
+	fmt.Fprintf(out, "\nnode-2 holds blocks 0..%d and fetches %d..%d in %v, every byte checked:\n", have-1, have, blocks-1, took.Round(time.Microsecond))
+	for _, n := range cl.nodes {
+		if got := sources[n.ID()]; len(got) > 0 {
+			link := cl.nodes[2].Links().Estimate(n.ID(), time.Now())
+			fmt.Fprintf(out, "  %d blocks from %s; that link's estimate is now %.2f GB/s, rtt %v (kvpool admin links)\n",
+				len(got), n.ID(), link.BytesPerSecond/1e9, link.RTT.Round(time.Microsecond))
+		}
+	}
 
 	// Blocks are immutable.
 	bad := bytes.Clone(kv[0])

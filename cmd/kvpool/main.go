@@ -77,7 +77,7 @@ Run "kvpool demo" to see a node at work, "kvpool serve" to run one.`,
 		fmt.Fprintf(stderr, "kvpool %s: %v\n\n%s", c.Name(), err, c.UsageString())
 		return usageError{err, true}
 	})
-	root.AddCommand(serveCmd(e), benchCmd(e), demoCmd(e), adminCmd(e))
+	root.AddCommand(serveCmd(e), benchCmd(e), demoCmd(e), adminCmd(e), planCmd(e))
 	root.AddCommand(dataCmds(e)...)
 	err := root.ExecuteContext(ctx)
 	if err != nil && isCobraUsage(err) {

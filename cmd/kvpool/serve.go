@@ -18,6 +18,7 @@ import (
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/transfer"
+	"github.com/kvpool/kvpool/transfer/cost"
 )
 
 // fileConfig is the --config file: YAML (or JSON) with the same names as
@@ -52,6 +53,13 @@ type fileConfig struct {
 	TransferConns      int    `json:"transfer_conns"`
 	FetchTimeout       string `json:"fetch_timeout"`
 	LinkSeedRate       string `json:"link_seed_rate"`
+	Model              string `json:"model"`
+	Accelerator        string `json:"accelerator"`
+	BlockTokens        int    `json:"block_tokens"`
+	// Profiles are files of models and curves; Models and Curves inline.
+	Profiles []string     `json:"profiles"`
+	Models   []cost.Model `json:"models"`
+	Curves   []cost.Curve `json:"curves"`
 }
 
 type serveFlags struct {
@@ -84,6 +92,10 @@ type serveFlags struct {
 	xferConns  int
 	fetchTO    time.Duration
 	seedRate   int64
+	model      string
+	accel      string
+	blockTok   int
+	profiles   []string
 }
 
 func serveCmd(e *env) *cobra.Command {
@@ -172,6 +184,10 @@ gracefully.`,
 	fl.StringVar(&f.transport, "transport", "tcp", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)")
 	fl.IntVar(&f.xferConns, "transfer-conns", 2, "tcp transport: connections per peer that one transfer is striped over")
 	fl.DurationVar(&f.fetchTO, "fetch-timeout", time.Second, "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable")
+	fl.StringVar(&f.model, "model", "llama3-8b", "model profile plans assume when a request names none")
+	fl.StringVar(&f.accel, "accelerator", cost.DefaultAccelerator, "this node's engine hardware; picks its prefill curves and is published to the cluster")
+	fl.IntVar(&f.blockTok, "block-tokens", 16, "tokens per chain key, for plans that do not say")
+	fl.StringSliceVar(&f.profiles, "profiles", nil, "files of extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable")
 	fl.Var(sizeFlag{&f.seedRate}, "link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -247,6 +263,18 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 	str("transport", &f.transport, fc.Transport)
 	dur("fetch-timeout", &f.fetchTO, fc.FetchTimeout)
 	size("link-seed-rate", &f.seedRate, fc.LinkSeedRate)
+	str("model", &f.model, fc.Model)
+	str("accelerator", &f.accel, fc.Accelerator)
+	if !set("block-tokens") && fc.BlockTokens != 0 {
+		f.blockTok = fc.BlockTokens
+	}
+	if !set("profiles") {
+		f.profiles = fc.Profiles
+	}
+	profiles, err := loadProfiles(f.profiles, fc.Models, fc.Curves)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if !set("transfer-conns") && fc.TransferConns != 0 {
 		f.xferConns = fc.TransferConns
 	}
@@ -298,6 +326,10 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 		TransferConns:      f.xferConns,
 		FetchTimeout:       f.fetchTO,
 		Links:              transfer.LinkConfig{SeedBytesPerSecond: float64(f.seedRate)},
+		Model:              f.model,
+		Accelerator:        f.accel,
+		BlockTokens:        f.blockTok,
+		Profiles:           profiles,
 	}
 	return cfg, [2]string{f.logLevel, f.logFormat}, nil
 }

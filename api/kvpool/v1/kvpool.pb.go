@@ -1642,8 +1642,15 @@ type ReportLoadRequest struct {
 	QueueSeconds float64 `protobuf:"fixed64,1,opt,name=queue_seconds,json=queueSeconds,proto3" json:"queue_seconds,omitempty"`
 	// Current prefill speed, tokens per second.
 	PrefillTokensPerSecond float64 `protobuf:"fixed64,2,opt,name=prefill_tokens_per_second,json=prefillTokensPerSecond,proto3" json:"prefill_tokens_per_second,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The prompt length, in tokens, that speed was measured at; 0 if
+	// unknown. The cost model scales the node's prefill curve through this
+	// point.
+	PrefillPromptTokens uint64 `protobuf:"varint,3,opt,name=prefill_prompt_tokens,json=prefillPromptTokens,proto3" json:"prefill_prompt_tokens,omitempty"`
+	// The model profile the engine serves ("llama3-8b"); a report for
+	// another model than a plan's does not scale that plan's curve.
+	Model         string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportLoadRequest) Reset() {
@@ -1688,6 +1695,20 @@ func (x *ReportLoadRequest) GetPrefillTokensPerSecond() float64 {
 		return x.PrefillTokensPerSecond
 	}
 	return 0
+}
+
+func (x *ReportLoadRequest) GetPrefillPromptTokens() uint64 {
+	if x != nil {
+		return x.PrefillPromptTokens
+	}
+	return 0
+}
+
+func (x *ReportLoadRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
 }
 
 type ReportLoadResponse struct {
@@ -2140,6 +2161,653 @@ func (x *RouteResponse) GetNodeId() string {
 	return ""
 }
 
+type EstimateRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The request's prefix chain, in order.
+	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Model profile; empty means the daemon's default.
+	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	// Tokens per block (per key); 0 means the daemon's default.
+	BlockTokens uint32 `protobuf:"varint,5,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
+	// Prompt length in tokens, at least keys × block_tokens; 0 means
+	// exactly that.
+	PromptTokens uint64 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// What if every link ran at this many bytes per second instead of its
+	// measured estimate; 0 uses the estimates.
+	LinkBytesPerSecond float64 `protobuf:"fixed64,7,opt,name=link_bytes_per_second,json=linkBytesPerSecond,proto3" json:"link_bytes_per_second,omitempty"`
+	// The node to estimate for; empty means the answering node.
+	NodeId        string `protobuf:"bytes,8,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EstimateRequest) Reset() {
+	*x = EstimateRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateRequest) ProtoMessage() {}
+
+func (x *EstimateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateRequest.ProtoReflect.Descriptor instead.
+func (*EstimateRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *EstimateRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *EstimateRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EstimateRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *EstimateRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EstimateRequest) GetBlockTokens() uint32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *EstimateRequest) GetPromptTokens() uint64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *EstimateRequest) GetLinkBytesPerSecond() float64 {
+	if x != nil {
+		return x.LinkBytesPerSecond
+	}
+	return 0
+}
+
+func (x *EstimateRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type EstimateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Summary       *PlanSummary           `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
+	Node          *NodePlan              `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EstimateResponse) Reset() {
+	*x = EstimateResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateResponse) ProtoMessage() {}
+
+func (x *EstimateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateResponse.ProtoReflect.Descriptor instead.
+func (*EstimateResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *EstimateResponse) GetSummary() *PlanSummary {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+func (x *EstimateResponse) GetNode() *NodePlan {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type PlanRequest struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Tenant             string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace          string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Keys               [][]byte               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	Model              string                 `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	BlockTokens        uint32                 `protobuf:"varint,5,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
+	PromptTokens       uint64                 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	LinkBytesPerSecond float64                `protobuf:"fixed64,7,opt,name=link_bytes_per_second,json=linkBytesPerSecond,proto3" json:"link_bytes_per_second,omitempty"`
+	// Nodes that may serve the request; empty means every live node.
+	Candidates    []string `protobuf:"bytes,8,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanRequest) Reset() {
+	*x = PlanRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanRequest) ProtoMessage() {}
+
+func (x *PlanRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanRequest.ProtoReflect.Descriptor instead.
+func (*PlanRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PlanRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PlanRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PlanRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PlanRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PlanRequest) GetBlockTokens() uint32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *PlanRequest) GetPromptTokens() uint64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *PlanRequest) GetLinkBytesPerSecond() float64 {
+	if x != nil {
+		return x.LinkBytesPerSecond
+	}
+	return 0
+}
+
+func (x *PlanRequest) GetCandidates() []string {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+type PlanResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Summary *PlanSummary           `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
+	// Candidates, cheapest total first; the first is the winner.
+	Nodes         []*NodePlan `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanResponse) Reset() {
+	*x = PlanResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanResponse) ProtoMessage() {}
+
+func (x *PlanResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
+func (*PlanResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *PlanResponse) GetSummary() *PlanSummary {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+func (x *PlanResponse) GetNodes() []*NodePlan {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// PlanSummary is what a plan's figures rest on.
+type PlanSummary struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	AnsweredBy      string                 `protobuf:"bytes,1,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
+	Model           string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	KvBytesPerToken float64                `protobuf:"fixed64,3,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
+	BlockTokens     uint32                 `protobuf:"varint,4,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
+	ChainBlocks     uint32                 `protobuf:"varint,5,opt,name=chain_blocks,json=chainBlocks,proto3" json:"chain_blocks,omitempty"`
+	PromptTokens    uint64                 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// The prompt's prefill speed on the model's reference curve
+	// (accelerator h200 unless the daemon was told otherwise).
+	ReferenceAccelerator   string  `protobuf:"bytes,7,opt,name=reference_accelerator,json=referenceAccelerator,proto3" json:"reference_accelerator,omitempty"`
+	PrefillTokensPerSecond float64 `protobuf:"fixed64,8,opt,name=prefill_tokens_per_second,json=prefillTokensPerSecond,proto3" json:"prefill_tokens_per_second,omitempty"`
+	// B*: links slower than this deliver KV more slowly than prefill
+	// computes it.
+	BreakevenBytesPerSecond float64 `protobuf:"fixed64,9,opt,name=breakeven_bytes_per_second,json=breakevenBytesPerSecond,proto3" json:"breakeven_bytes_per_second,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *PlanSummary) Reset() {
+	*x = PlanSummary{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanSummary) ProtoMessage() {}
+
+func (x *PlanSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanSummary.ProtoReflect.Descriptor instead.
+func (*PlanSummary) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *PlanSummary) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
+}
+
+func (x *PlanSummary) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PlanSummary) GetKvBytesPerToken() float64 {
+	if x != nil {
+		return x.KvBytesPerToken
+	}
+	return 0
+}
+
+func (x *PlanSummary) GetBlockTokens() uint32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *PlanSummary) GetChainBlocks() uint32 {
+	if x != nil {
+		return x.ChainBlocks
+	}
+	return 0
+}
+
+func (x *PlanSummary) GetPromptTokens() uint64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *PlanSummary) GetReferenceAccelerator() string {
+	if x != nil {
+		return x.ReferenceAccelerator
+	}
+	return ""
+}
+
+func (x *PlanSummary) GetPrefillTokensPerSecond() float64 {
+	if x != nil {
+		return x.PrefillTokensPerSecond
+	}
+	return 0
+}
+
+func (x *PlanSummary) GetBreakevenBytesPerSecond() float64 {
+	if x != nil {
+		return x.BreakevenBytesPerSecond
+	}
+	return 0
+}
+
+// NodePlan is one candidate's cost, with every term. Seconds include the
+// queue only in the *_total_seconds fields and total_seconds.
+type NodePlan struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Accelerator string                 `protobuf:"bytes,2,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	// This node's prefill speed at the prompt's length, after scaling its
+	// curve by what its engine reported.
+	PrefillTokensPerSecond float64 `protobuf:"fixed64,3,opt,name=prefill_tokens_per_second,json=prefillTokensPerSecond,proto3" json:"prefill_tokens_per_second,omitempty"`
+	QueueSeconds           float64 `protobuf:"fixed64,4,opt,name=queue_seconds,json=queueSeconds,proto3" json:"queue_seconds,omitempty"`
+	// h: leading chain blocks the node holds.
+	LocalBlocks uint32 `protobuf:"varint,5,opt,name=local_blocks,json=localBlocks,proto3" json:"local_blocks,omitempty"`
+	// p and its source: the prefix held by the node that gives this node
+	// its best plan; p = h and no source when none holds more.
+	PoolBlocks         uint32  `protobuf:"varint,6,opt,name=pool_blocks,json=poolBlocks,proto3" json:"pool_blocks,omitempty"`
+	Source             string  `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	LinkBytesPerSecond float64 `protobuf:"fixed64,8,opt,name=link_bytes_per_second,json=linkBytesPerSecond,proto3" json:"link_bytes_per_second,omitempty"`
+	LinkRttSeconds     float64 `protobuf:"fixed64,9,opt,name=link_rtt_seconds,json=linkRttSeconds,proto3" json:"link_rtt_seconds,omitempty"`
+	// Whether the link's figures come from transfers (false: the seed, or
+	// a what-if bandwidth).
+	LinkMeasured bool    `protobuf:"varint,10,opt,name=link_measured,json=linkMeasured,proto3" json:"link_measured,omitempty"`
+	FetchBytes   float64 `protobuf:"fixed64,11,opt,name=fetch_bytes,json=fetchBytes,proto3" json:"fetch_bytes,omitempty"`
+	// rtt + fetch_bytes / bandwidth.
+	TransferSeconds float64 `protobuf:"fixed64,12,opt,name=transfer_seconds,json=transferSeconds,proto3" json:"transfer_seconds,omitempty"`
+	// Prefill past the local prefix.
+	RecomputeSeconds float64 `protobuf:"fixed64,13,opt,name=recompute_seconds,json=recomputeSeconds,proto3" json:"recompute_seconds,omitempty"`
+	// Prefill past the pool prefix.
+	RemainderSeconds      float64 `protobuf:"fixed64,14,opt,name=remainder_seconds,json=remainderSeconds,proto3" json:"remainder_seconds,omitempty"`
+	RecomputeTotalSeconds float64 `protobuf:"fixed64,15,opt,name=recompute_total_seconds,json=recomputeTotalSeconds,proto3" json:"recompute_total_seconds,omitempty"`
+	FetchTotalSeconds     float64 `protobuf:"fixed64,16,opt,name=fetch_total_seconds,json=fetchTotalSeconds,proto3" json:"fetch_total_seconds,omitempty"`
+	// k: the split computes blocks [h, k) while [k, p) load.
+	SplitBlocks       uint32  `protobuf:"varint,17,opt,name=split_blocks,json=splitBlocks,proto3" json:"split_blocks,omitempty"`
+	SplitTotalSeconds float64 `protobuf:"fixed64,18,opt,name=split_total_seconds,json=splitTotalSeconds,proto3" json:"split_total_seconds,omitempty"`
+	// "recompute", "fetch" or "split".
+	Plan         string  `protobuf:"bytes,19,opt,name=plan,proto3" json:"plan,omitempty"`
+	TotalSeconds float64 `protobuf:"fixed64,20,opt,name=total_seconds,json=totalSeconds,proto3" json:"total_seconds,omitempty"`
+	// The bandwidth above which fetching beats recomputing on this node
+	// (0 without a source; +Inf when the rtt alone costs more).
+	BreakevenBytesPerSecond float64 `protobuf:"fixed64,21,opt,name=breakeven_bytes_per_second,json=breakevenBytesPerSecond,proto3" json:"breakeven_bytes_per_second,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *NodePlan) Reset() {
+	*x = NodePlan{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodePlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodePlan) ProtoMessage() {}
+
+func (x *NodePlan) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodePlan.ProtoReflect.Descriptor instead.
+func (*NodePlan) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NodePlan) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodePlan) GetAccelerator() string {
+	if x != nil {
+		return x.Accelerator
+	}
+	return ""
+}
+
+func (x *NodePlan) GetPrefillTokensPerSecond() float64 {
+	if x != nil {
+		return x.PrefillTokensPerSecond
+	}
+	return 0
+}
+
+func (x *NodePlan) GetQueueSeconds() float64 {
+	if x != nil {
+		return x.QueueSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetLocalBlocks() uint32 {
+	if x != nil {
+		return x.LocalBlocks
+	}
+	return 0
+}
+
+func (x *NodePlan) GetPoolBlocks() uint32 {
+	if x != nil {
+		return x.PoolBlocks
+	}
+	return 0
+}
+
+func (x *NodePlan) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *NodePlan) GetLinkBytesPerSecond() float64 {
+	if x != nil {
+		return x.LinkBytesPerSecond
+	}
+	return 0
+}
+
+func (x *NodePlan) GetLinkRttSeconds() float64 {
+	if x != nil {
+		return x.LinkRttSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetLinkMeasured() bool {
+	if x != nil {
+		return x.LinkMeasured
+	}
+	return false
+}
+
+func (x *NodePlan) GetFetchBytes() float64 {
+	if x != nil {
+		return x.FetchBytes
+	}
+	return 0
+}
+
+func (x *NodePlan) GetTransferSeconds() float64 {
+	if x != nil {
+		return x.TransferSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetRecomputeSeconds() float64 {
+	if x != nil {
+		return x.RecomputeSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetRemainderSeconds() float64 {
+	if x != nil {
+		return x.RemainderSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetRecomputeTotalSeconds() float64 {
+	if x != nil {
+		return x.RecomputeTotalSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetFetchTotalSeconds() float64 {
+	if x != nil {
+		return x.FetchTotalSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetSplitBlocks() uint32 {
+	if x != nil {
+		return x.SplitBlocks
+	}
+	return 0
+}
+
+func (x *NodePlan) GetSplitTotalSeconds() float64 {
+	if x != nil {
+		return x.SplitTotalSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
+func (x *NodePlan) GetTotalSeconds() float64 {
+	if x != nil {
+		return x.TotalSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetBreakevenBytesPerSecond() float64 {
+	if x != nil {
+		return x.BreakevenBytesPerSecond
+	}
+	return 0
+}
+
 var File_kvpool_v1_kvpool_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_kvpool_proto_rawDesc = "" +
@@ -2260,10 +2928,12 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rmax_key_bytes\x18\a \x01(\rR\vmaxKeyBytes\x12\x1d\n" +
 	"\n" +
 	"page_bytes\x18\b \x01(\x04R\tpageBytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\"s\n" +
+	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
-	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\"\x14\n" +
+	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +
+	"\x15prefill_prompt_tokens\x18\x03 \x01(\x04R\x13prefillPromptTokens\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\"\x14\n" +
 	"\x12ReportLoadResponse\"w\n" +
 	"\fFetchRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -2295,7 +2965,69 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\aholders\x18\x01 \x03(\v2\x11.kvpool.v1.HolderR\aholders\"W\n" +
 	"\rRouteResponse\x12-\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x15.kvpool.v1.BlockRouteR\x06blocks\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId2\xfe\x05\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"\x85\x02\n" +
+	"\x0fEstimateRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12!\n" +
+	"\fblock_tokens\x18\x05 \x01(\rR\vblockTokens\x12#\n" +
+	"\rprompt_tokens\x18\x06 \x01(\x04R\fpromptTokens\x121\n" +
+	"\x15link_bytes_per_second\x18\a \x01(\x01R\x12linkBytesPerSecond\x12\x17\n" +
+	"\anode_id\x18\b \x01(\tR\x06nodeId\"m\n" +
+	"\x10EstimateResponse\x120\n" +
+	"\asummary\x18\x01 \x01(\v2\x16.kvpool.v1.PlanSummaryR\asummary\x12'\n" +
+	"\x04node\x18\x02 \x01(\v2\x13.kvpool.v1.NodePlanR\x04node\"\x88\x02\n" +
+	"\vPlanRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12!\n" +
+	"\fblock_tokens\x18\x05 \x01(\rR\vblockTokens\x12#\n" +
+	"\rprompt_tokens\x18\x06 \x01(\x04R\fpromptTokens\x121\n" +
+	"\x15link_bytes_per_second\x18\a \x01(\x01R\x12linkBytesPerSecond\x12\x1e\n" +
+	"\n" +
+	"candidates\x18\b \x03(\tR\n" +
+	"candidates\"k\n" +
+	"\fPlanResponse\x120\n" +
+	"\asummary\x18\x01 \x01(\v2\x16.kvpool.v1.PlanSummaryR\asummary\x12)\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x13.kvpool.v1.NodePlanR\x05nodes\"\x89\x03\n" +
+	"\vPlanSummary\x12\x1f\n" +
+	"\vanswered_by\x18\x01 \x01(\tR\n" +
+	"answeredBy\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12+\n" +
+	"\x12kv_bytes_per_token\x18\x03 \x01(\x01R\x0fkvBytesPerToken\x12!\n" +
+	"\fblock_tokens\x18\x04 \x01(\rR\vblockTokens\x12!\n" +
+	"\fchain_blocks\x18\x05 \x01(\rR\vchainBlocks\x12#\n" +
+	"\rprompt_tokens\x18\x06 \x01(\x04R\fpromptTokens\x123\n" +
+	"\x15reference_accelerator\x18\a \x01(\tR\x14referenceAccelerator\x129\n" +
+	"\x19prefill_tokens_per_second\x18\b \x01(\x01R\x16prefillTokensPerSecond\x12;\n" +
+	"\x1abreakeven_bytes_per_second\x18\t \x01(\x01R\x17breakevenBytesPerSecond\"\xda\x06\n" +
+	"\bNodePlan\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
+	"\vaccelerator\x18\x02 \x01(\tR\vaccelerator\x129\n" +
+	"\x19prefill_tokens_per_second\x18\x03 \x01(\x01R\x16prefillTokensPerSecond\x12#\n" +
+	"\rqueue_seconds\x18\x04 \x01(\x01R\fqueueSeconds\x12!\n" +
+	"\flocal_blocks\x18\x05 \x01(\rR\vlocalBlocks\x12\x1f\n" +
+	"\vpool_blocks\x18\x06 \x01(\rR\n" +
+	"poolBlocks\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\x121\n" +
+	"\x15link_bytes_per_second\x18\b \x01(\x01R\x12linkBytesPerSecond\x12(\n" +
+	"\x10link_rtt_seconds\x18\t \x01(\x01R\x0elinkRttSeconds\x12#\n" +
+	"\rlink_measured\x18\n" +
+	" \x01(\bR\flinkMeasured\x12\x1f\n" +
+	"\vfetch_bytes\x18\v \x01(\x01R\n" +
+	"fetchBytes\x12)\n" +
+	"\x10transfer_seconds\x18\f \x01(\x01R\x0ftransferSeconds\x12+\n" +
+	"\x11recompute_seconds\x18\r \x01(\x01R\x10recomputeSeconds\x12+\n" +
+	"\x11remainder_seconds\x18\x0e \x01(\x01R\x10remainderSeconds\x126\n" +
+	"\x17recompute_total_seconds\x18\x0f \x01(\x01R\x15recomputeTotalSeconds\x12.\n" +
+	"\x13fetch_total_seconds\x18\x10 \x01(\x01R\x11fetchTotalSeconds\x12!\n" +
+	"\fsplit_blocks\x18\x11 \x01(\rR\vsplitBlocks\x12.\n" +
+	"\x13split_total_seconds\x18\x12 \x01(\x01R\x11splitTotalSeconds\x12\x12\n" +
+	"\x04plan\x18\x13 \x01(\tR\x04plan\x12#\n" +
+	"\rtotal_seconds\x18\x14 \x01(\x01R\ftotalSeconds\x12;\n" +
+	"\x1abreakeven_bytes_per_second\x18\x15 \x01(\x01R\x17breakevenBytesPerSecond2\xfc\x06\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +
@@ -2309,7 +3041,9 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\n" +
 	"ReportLoad\x12\x1c.kvpool.v1.ReportLoadRequest\x1a\x1d.kvpool.v1.ReportLoadResponse\x12:\n" +
 	"\x05Fetch\x12\x17.kvpool.v1.FetchRequest\x1a\x18.kvpool.v1.FetchResponse\x12:\n" +
-	"\x05Route\x12\x17.kvpool.v1.RouteRequest\x1a\x18.kvpool.v1.RouteResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\x05Route\x12\x17.kvpool.v1.RouteRequest\x1a\x18.kvpool.v1.RouteResponse\x12C\n" +
+	"\bEstimate\x12\x1a.kvpool.v1.EstimateRequest\x1a\x1b.kvpool.v1.EstimateResponse\x127\n" +
+	"\x04Plan\x12\x16.kvpool.v1.PlanRequest\x1a\x17.kvpool.v1.PlanResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_kvpool_proto_rawDescOnce sync.Once
@@ -2323,7 +3057,7 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
 	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
@@ -2360,6 +3094,12 @@ var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*Holder)(nil),             // 32: kvpool.v1.Holder
 	(*BlockRoute)(nil),         // 33: kvpool.v1.BlockRoute
 	(*RouteResponse)(nil),      // 34: kvpool.v1.RouteResponse
+	(*EstimateRequest)(nil),    // 35: kvpool.v1.EstimateRequest
+	(*EstimateResponse)(nil),   // 36: kvpool.v1.EstimateResponse
+	(*PlanRequest)(nil),        // 37: kvpool.v1.PlanRequest
+	(*PlanResponse)(nil),       // 38: kvpool.v1.PlanResponse
+	(*PlanSummary)(nil),        // 39: kvpool.v1.PlanSummary
+	(*NodePlan)(nil),           // 40: kvpool.v1.NodePlan
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -2378,35 +3118,43 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	29, // 13: kvpool.v1.FetchResponse.results:type_name -> kvpool.v1.FetchResult
 	32, // 14: kvpool.v1.BlockRoute.holders:type_name -> kvpool.v1.Holder
 	33, // 15: kvpool.v1.RouteResponse.blocks:type_name -> kvpool.v1.BlockRoute
-	2,  // 16: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
-	4,  // 17: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
-	8,  // 18: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
-	12, // 19: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
-	15, // 20: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
-	17, // 21: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
-	19, // 22: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
-	21, // 23: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
-	24, // 24: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
-	26, // 25: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
-	28, // 26: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
-	31, // 27: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
-	3,  // 28: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 29: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 30: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 31: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 32: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 33: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 34: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 35: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	25, // 36: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	27, // 37: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
-	30, // 38: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
-	34, // 39: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
-	28, // [28:40] is the sub-list for method output_type
-	16, // [16:28] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	39, // 16: kvpool.v1.EstimateResponse.summary:type_name -> kvpool.v1.PlanSummary
+	40, // 17: kvpool.v1.EstimateResponse.node:type_name -> kvpool.v1.NodePlan
+	39, // 18: kvpool.v1.PlanResponse.summary:type_name -> kvpool.v1.PlanSummary
+	40, // 19: kvpool.v1.PlanResponse.nodes:type_name -> kvpool.v1.NodePlan
+	2,  // 20: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
+	4,  // 21: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
+	8,  // 22: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
+	12, // 23: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
+	15, // 24: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
+	17, // 25: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
+	19, // 26: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
+	21, // 27: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
+	24, // 28: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
+	26, // 29: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
+	28, // 30: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
+	31, // 31: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
+	35, // 32: kvpool.v1.KVPoolService.Estimate:input_type -> kvpool.v1.EstimateRequest
+	37, // 33: kvpool.v1.KVPoolService.Plan:input_type -> kvpool.v1.PlanRequest
+	3,  // 34: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 35: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 36: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 37: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 38: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 39: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 40: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 41: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	25, // 42: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	27, // 43: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	30, // 44: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
+	34, // 45: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
+	36, // 46: kvpool.v1.KVPoolService.Estimate:output_type -> kvpool.v1.EstimateResponse
+	38, // 47: kvpool.v1.KVPoolService.Plan:output_type -> kvpool.v1.PlanResponse
+	34, // [34:48] is the sub-list for method output_type
+	20, // [20:34] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_kvpool_proto_init() }
@@ -2430,7 +3178,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,8 @@ const (
 	KVPoolService_ReportLoad_FullMethodName = "/kvpool.v1.KVPoolService/ReportLoad"
 	KVPoolService_Fetch_FullMethodName      = "/kvpool.v1.KVPoolService/Fetch"
 	KVPoolService_Route_FullMethodName      = "/kvpool.v1.KVPoolService/Route"
+	KVPoolService_Estimate_FullMethodName   = "/kvpool.v1.KVPoolService/Estimate"
+	KVPoolService_Plan_FullMethodName       = "/kvpool.v1.KVPoolService/Plan"
 )
 
 // KVPoolServiceClient is the client API for KVPoolService service.
@@ -88,6 +90,15 @@ type KVPoolServiceClient interface {
 	// them, best measured link first: what a client needs to read blocks
 	// straight from their holders (direct mode) instead of through Fetch.
 	Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error)
+	// Estimate answers what serving a chain on one node costs: its queue
+	// time, the prefix it holds, the best source of the rest, the fetch,
+	// recompute and split plans with every term, and the prompt's
+	// break-even bandwidth. It reads this daemon's location mirror,
+	// gossiped load and measured links.
+	Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error)
+	// Plan answers Estimate for every candidate node and ranks them: where
+	// to send the request, and whether that node should fetch or recompute.
+	Plan(ctx context.Context, in *PlanRequest, opts ...grpc.CallOption) (*PlanResponse, error)
 }
 
 type kVPoolServiceClient struct {
@@ -230,6 +241,26 @@ func (c *kVPoolServiceClient) Route(ctx context.Context, in *RouteRequest, opts 
 	return out, nil
 }
 
+func (c *kVPoolServiceClient) Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EstimateResponse)
+	err := c.cc.Invoke(ctx, KVPoolService_Estimate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVPoolServiceClient) Plan(ctx context.Context, in *PlanRequest, opts ...grpc.CallOption) (*PlanResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlanResponse)
+	err := c.cc.Invoke(ctx, KVPoolService_Plan_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KVPoolServiceServer is the server API for KVPoolService service.
 // All implementations must embed UnimplementedKVPoolServiceServer
 // for forward compatibility.
@@ -272,6 +303,15 @@ type KVPoolServiceServer interface {
 	// them, best measured link first: what a client needs to read blocks
 	// straight from their holders (direct mode) instead of through Fetch.
 	Route(context.Context, *RouteRequest) (*RouteResponse, error)
+	// Estimate answers what serving a chain on one node costs: its queue
+	// time, the prefix it holds, the best source of the rest, the fetch,
+	// recompute and split plans with every term, and the prompt's
+	// break-even bandwidth. It reads this daemon's location mirror,
+	// gossiped load and measured links.
+	Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error)
+	// Plan answers Estimate for every candidate node and ranks them: where
+	// to send the request, and whether that node should fetch or recompute.
+	Plan(context.Context, *PlanRequest) (*PlanResponse, error)
 	mustEmbedUnimplementedKVPoolServiceServer()
 }
 
@@ -317,6 +357,12 @@ func (UnimplementedKVPoolServiceServer) Fetch(context.Context, *FetchRequest) (*
 }
 func (UnimplementedKVPoolServiceServer) Route(context.Context, *RouteRequest) (*RouteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Route not implemented")
+}
+func (UnimplementedKVPoolServiceServer) Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Estimate not implemented")
+}
+func (UnimplementedKVPoolServiceServer) Plan(context.Context, *PlanRequest) (*PlanResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Plan not implemented")
 }
 func (UnimplementedKVPoolServiceServer) mustEmbedUnimplementedKVPoolServiceServer() {}
 func (UnimplementedKVPoolServiceServer) testEmbeddedByValue()                       {}
@@ -537,6 +583,42 @@ func _KVPoolService_Route_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVPoolService_Estimate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EstimateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVPoolServiceServer).Estimate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVPoolService_Estimate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVPoolServiceServer).Estimate(ctx, req.(*EstimateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _KVPoolService_Plan_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlanRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVPoolServiceServer).Plan(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KVPoolService_Plan_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVPoolServiceServer).Plan(ctx, req.(*PlanRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // KVPoolService_ServiceDesc is the grpc.ServiceDesc for KVPoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -583,6 +665,14 @@ var KVPoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Route",
 			Handler:    _KVPoolService_Route_Handler,
+		},
+		{
+			MethodName: "Estimate",
+			Handler:    _KVPoolService_Estimate_Handler,
+		},
+		{
+			MethodName: "Plan",
+			Handler:    _KVPoolService_Plan_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

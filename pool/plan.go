@@ -1,0 +1,294 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/transfer/cost"
+)
+
+// PlanQuery asks where a request for a chain should run, and whether that
+// node should fetch or recompute the prefix it lacks.
+type PlanQuery struct {
+	Tenant, Namespace string
+	// Keys is the request's prefix chain, in order.
+	Keys [][]byte
+	// Model is a profile name; empty means Config.Model.
+	Model string
+	// BlockTokens is tokens per key; 0 means Config.BlockTokens.
+	BlockTokens int
+	// PromptTokens is the prompt's length; 0 means Keys × BlockTokens.
+	PromptTokens int
+	// LinkBytesPerSecond, when positive, replaces every link's measured
+	// bandwidth (a what-if); the measured rtt stays.
+	LinkBytesPerSecond float64
+	// Candidates are the nodes that may serve; nil means every live node.
+	Candidates []string
+}
+
+// PlanAnswer is the cost model's answer with what it rested on.
+type PlanAnswer struct {
+	cost.Result
+	Model       string
+	BlockTokens int
+	ChainBlocks int
+	// Reference is the accelerator of the curve that gives the prompt's
+	// prefill speed and B*: this node's.
+	Reference string
+	// Nodes describes each candidate beyond its NodePlan.
+	Nodes map[string]PlanNode
+}
+
+// PlanNode is what a candidate's plan read about it.
+type PlanNode struct {
+	Accelerator string
+	// PrefillTokensPerSecond is the node's speed at the prompt's length,
+	// after scaling its curve by its engine's report.
+	PrefillTokensPerSecond float64
+	// LinkMeasured is whether the chosen source's link figures come from
+	// transfers.
+	LinkMeasured bool
+}
+
+// Plan answers q from the live location mirror, gossiped load and the
+// link matrix (this node's own estimates for links into it, the ones
+// other nodes published for theirs). A standalone node plans for itself.
+func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
+	cfg := &n.cfg
+	if q.Model == "" {
+		q.Model = cfg.Model
+	}
+	if q.BlockTokens == 0 {
+		q.BlockTokens = cfg.BlockTokens
+	}
+	if err := validateChain(q.Tenant, q.Namespace, q.Keys); err != nil {
+		return PlanAnswer{}, err
+	}
+	switch {
+	case len(q.Keys) == 0:
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: an empty chain")
+	case q.BlockTokens < 0 || q.BlockTokens > 1<<20:
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: block tokens %d: want 1 to 1048576", q.BlockTokens)
+	case q.PromptTokens < 0 || q.PromptTokens > 1<<30:
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: prompt tokens %d: want 0 to 2^30", q.PromptTokens)
+	case q.LinkBytesPerSecond < 0 || math.IsNaN(q.LinkBytesPerSecond) || math.IsInf(q.LinkBytesPerSecond, 0):
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: link bandwidth %v: want a non-negative number", q.LinkBytesPerSecond)
+	}
+	model, err := cfg.Profiles.Model(q.Model)
+	if err != nil {
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: %v", err)
+	}
+	nominal, err := cfg.Profiles.Curve(q.Model, cfg.Accelerator)
+	if err != nil {
+		return PlanAnswer{}, api.Errorf(api.ErrFailedPrecondition, "pool: plan: %v", err)
+	}
+	prompt := q.PromptTokens
+	if prompt == 0 {
+		prompt = len(q.Keys) * q.BlockTokens
+	}
+	local, err := n.localPrefix(q.Tenant, q.Namespace, q.Keys)
+	if err != nil {
+		return PlanAnswer{}, err
+	}
+
+	// The nodes: this one, and with a cluster every live node the mirror
+	// knows, with its prefix, accelerator and gossiped engine load.
+	type nodeIn struct {
+		rec  metadata.NodeRecord
+		load metadata.Load
+		hold int
+	}
+	nodes := []nodeIn{{rec: metadata.NodeRecord{ID: cfg.NodeID, Accelerator: cfg.Accelerator}, load: n.load(), hold: local}}
+	if c := n.cluster; c != nil {
+		held := map[string]int{}
+		for _, np := range c.mirror.Locate(q.Tenant, q.Namespace, q.Keys).Nodes {
+			held[np.Node] = np.Blocks
+		}
+		loads := map[string]metadata.Load{}
+		for _, p := range c.gossip.Peers() {
+			loads[p.ID] = p.Load
+		}
+		for _, ni := range c.mirror.Nodes() {
+			id := ni.Record.ID
+			if id == cfg.NodeID || c.gossip.Dead(id) {
+				continue
+			}
+			nodes = append(nodes, nodeIn{rec: ni.Record, load: loads[id], hold: held[id]})
+		}
+	}
+	want := map[string]bool{}
+	for _, id := range q.Candidates {
+		want[id] = true
+	}
+	req := &cost.Request{
+		KVBytesPerToken: model.KVBytesPerToken(), BlockTokens: q.BlockTokens, ChainBlocks: len(q.Keys),
+		PromptTokens: prompt, Nominal: nominal,
+	}
+	ans := PlanAnswer{Model: q.Model, BlockTokens: q.BlockTokens, ChainBlocks: len(q.Keys), Reference: cfg.Accelerator, Nodes: map[string]PlanNode{}}
+	var errs []error
+	for _, ni := range nodes {
+		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: len(want) == 0 || want[ni.rec.ID]}
+		delete(want, ni.rec.ID)
+		if node.Candidate {
+			accel := ni.rec.Accelerator
+			if accel == "" {
+				accel = cost.DefaultAccelerator
+			}
+			curve, err := cfg.Profiles.Curve(q.Model, accel)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			node.Prefill = curve
+			if l := ni.load; l.PrefillTokensPerSecond > 0 && (l.Model == "" || l.Model == q.Model) {
+				node.Prefill = cost.Scaled{Base: curve, Factor: cost.ReportedFactor(curve, l.PrefillTokensPerSecond, int(l.PrefillPromptTokens), prompt)}
+			}
+			node.Queue = time.Duration(ni.load.QueueSeconds * float64(time.Second))
+			ans.Nodes[node.ID] = PlanNode{Accelerator: accel, PrefillTokensPerSecond: cost.TokensPerSecond(node.Prefill, float64(prompt))}
+		}
+		req.Nodes = append(req.Nodes, node)
+	}
+	for id := range want {
+		errs = append(errs, api.Errorf(api.ErrInvalidArgument, "pool: plan: candidate %q is not a live node", id))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: %v", err)
+	}
+	now := cfg.Now()
+	req.Link = func(from, to string) cost.Link {
+		l, _ := n.link(from, to, now, q.LinkBytesPerSecond)
+		return l
+	}
+	res, err := cost.Plan(req)
+	if err != nil {
+		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: %v", err)
+	}
+	ans.Result = res
+	for _, np := range res.Nodes {
+		if np.Source != "" {
+			pn := ans.Nodes[np.Node]
+			_, pn.LinkMeasured = n.link(np.Source, np.Node, now, q.LinkBytesPerSecond)
+			ans.Nodes[np.Node] = pn
+		}
+	}
+	return ans, nil
+}
+
+// link is the link from → to and whether transfers measured it: this
+// node's own estimate for links into it, what `to` published otherwise,
+// the seed when nobody has measured it. whatIf > 0 replaces the
+// bandwidth.
+func (n *Node) link(from, to string, now time.Time, whatIf float64) (cost.Link, bool) {
+	var l cost.Link
+	measured := false
+	if to == n.cfg.NodeID {
+		e := n.links.Estimate(from, now)
+		l, measured = cost.Link{BytesPerSecond: e.BytesPerSecond, RTT: e.RTT}, e.Samples > 0
+	} else if rec, ok := n.publishedLink(from, to); ok {
+		l = cost.Link{BytesPerSecond: rec.BytesPerSecond, RTT: time.Duration(rec.RTTMicros) * time.Microsecond}
+		measured = rec.Samples > 0
+	} else {
+		s := n.links.Seed("")
+		l = cost.Link{BytesPerSecond: s.BytesPerSecond, RTT: s.RTT}
+	}
+	if whatIf > 0 {
+		l.BytesPerSecond, measured = whatIf, false
+	}
+	return l, measured
+}
+
+func (n *Node) publishedLink(from, to string) (metadata.LinkRecord, bool) {
+	if n.cluster == nil {
+		return metadata.LinkRecord{}, false
+	}
+	return n.cluster.mirror.Link(to, from)
+}
+
+// localPrefix is how many leading keys of the chain this node holds.
+func (n *Node) localPrefix(tenant, namespace string, keys [][]byte) (int, error) {
+	exists, err := n.store.Exists([]byte(tenant), []byte(namespace), keys)
+	if err != nil {
+		return 0, err
+	}
+	if i := slices.Index(exists, false); i >= 0 {
+		return i, nil
+	}
+	return len(keys), nil
+}
+
+// Estimate is Plan for one node (empty: this one).
+func (n *Node) Estimate(q PlanQuery, node string) (PlanAnswer, error) {
+	if node == "" {
+		node = n.cfg.NodeID
+	}
+	q.Candidates = []string{node}
+	return n.Plan(q)
+}
+
+func planQuery(tenant, namespace string, keys [][]byte, model string, blockTokens uint32, promptTokens uint64, link float64) (PlanQuery, error) {
+	if promptTokens > 1<<30 {
+		return PlanQuery{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: prompt tokens %d: want at most 2^30", promptTokens)
+	}
+	return PlanQuery{Tenant: tenant, Namespace: namespace, Keys: keys, Model: model, BlockTokens: int(blockTokens),
+		PromptTokens: int(promptTokens), LinkBytesPerSecond: link}, nil
+}
+
+// Plan implements the KVPoolService RPC.
+func (g *grpcService) Plan(_ context.Context, req *kvpoolv1.PlanRequest) (*kvpoolv1.PlanResponse, error) {
+	q, err := planQuery(req.GetTenant(), req.GetNamespace(), req.GetKeys(), req.GetModel(), req.GetBlockTokens(), req.GetPromptTokens(), req.GetLinkBytesPerSecond())
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	q.Candidates = req.GetCandidates()
+	ans, err := g.n.Plan(q)
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	out := &kvpoolv1.PlanResponse{Summary: g.n.planSummary(&ans)}
+	for i := range ans.Result.Nodes {
+		out.Nodes = append(out.Nodes, nodePlanProto(&ans, &ans.Result.Nodes[i]))
+	}
+	return out, nil
+}
+
+// Estimate implements the KVPoolService RPC.
+func (g *grpcService) Estimate(_ context.Context, req *kvpoolv1.EstimateRequest) (*kvpoolv1.EstimateResponse, error) {
+	q, err := planQuery(req.GetTenant(), req.GetNamespace(), req.GetKeys(), req.GetModel(), req.GetBlockTokens(), req.GetPromptTokens(), req.GetLinkBytesPerSecond())
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	ans, err := g.n.Estimate(q, req.GetNodeId())
+	if err != nil {
+		return nil, api.ToStatus(err)
+	}
+	return &kvpoolv1.EstimateResponse{Summary: g.n.planSummary(&ans), Node: nodePlanProto(&ans, &ans.Result.Nodes[0])}, nil
+}
+
+func (n *Node) planSummary(a *PlanAnswer) *kvpoolv1.PlanSummary {
+	return &kvpoolv1.PlanSummary{
+		AnsweredBy: n.cfg.NodeID, Model: a.Model, KvBytesPerToken: a.KVBytesPerToken,
+		BlockTokens: uint32(a.BlockTokens), ChainBlocks: uint32(a.ChainBlocks), PromptTokens: uint64(a.PromptTokens),
+		ReferenceAccelerator: a.Reference, PrefillTokensPerSecond: a.PrefillTokensPerSecond,
+		BreakevenBytesPerSecond: a.BreakevenBytesPerSecond,
+	}
+}
+
+func nodePlanProto(a *PlanAnswer, np *cost.NodePlan) *kvpoolv1.NodePlan {
+	info := a.Nodes[np.Node]
+	return &kvpoolv1.NodePlan{
+		NodeId: np.Node, Accelerator: info.Accelerator, PrefillTokensPerSecond: info.PrefillTokensPerSecond,
+		QueueSeconds: np.Queue.Seconds(), LocalBlocks: uint32(np.LocalBlocks), PoolBlocks: uint32(np.PoolBlocks),
+		Source: np.Source, LinkBytesPerSecond: np.Link.BytesPerSecond, LinkRttSeconds: np.Link.RTT.Seconds(),
+		LinkMeasured: info.LinkMeasured, FetchBytes: np.FetchBytes, TransferSeconds: np.Transfer.Seconds(),
+		RecomputeSeconds: np.Recompute.Seconds(), RemainderSeconds: np.Remainder.Seconds(),
+		RecomputeTotalSeconds: np.RecomputeTotal.Seconds(), FetchTotalSeconds: np.FetchTotal.Seconds(),
+		SplitBlocks: uint32(np.SplitBlocks), SplitTotalSeconds: np.SplitTotal.Seconds(),
+		Plan: np.Plan.String(), TotalSeconds: np.Total.Seconds(), BreakevenBytesPerSecond: np.BreakevenBytesPerSecond,
+	}
+}

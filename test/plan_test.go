@@ -1,0 +1,298 @@
+package test
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/test/cluster"
+	"github.com/kvpool/kvpool/transfer/cost"
+)
+
+// The emulated model: 1 MiB blocks of 256 tokens (4096 KV bytes/token),
+// with a flat nominal prefill curve on an accelerator named "emu".
+const (
+	emuBlockTokens = 256
+	emuBlockBytes  = 1 << 20
+	emuChainBlocks = 32
+	emuPrompt      = emuChainBlocks * emuBlockTokens
+)
+
+func emuProfiles(t *testing.T) *cost.Profiles {
+	p := cost.NewProfiles()
+	if err := p.AddModel(cost.Model{Name: "emu", KVBytes: emuBlockBytes / emuBlockTokens}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := cost.NewCurve("emu", "emu", []cost.Point{{Tokens: emuPrompt, TokensPerSecond: 100000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddCurve(c); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// engine emulates a node's inference engine. There is no GPU here, so a
+// prefill of T tokens takes T / tokensPerSecond on a real timer, after
+// the queue; what the test measures for real is every fetch, which moves
+// the chain's bytes between daemons over the tcp transport.
+type engine struct {
+	client          *api.Client
+	queue           time.Duration
+	tokensPerSecond float64
+}
+
+func (e *engine) compute(tokens int) {
+	if tokens > 0 {
+		<-time.After(time.Duration(float64(tokens) / e.tokensPerSecond * float64(time.Second)))
+	}
+}
+
+// fetch pulls keys into the engine's node; every block must arrive.
+func (e *engine) fetch(t *testing.T, keys [][]byte) {
+	if len(keys) == 0 {
+		return
+	}
+	res, err := e.client.Fetch(context.Background(), "acme", "emu", keys, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil || r.Source == "" {
+			t.Fatalf("block %d: %+v", i, r)
+		}
+	}
+}
+
+func putEmu(t *testing.T, c *api.Client, keys [][]byte) {
+	t.Helper()
+	for i, k := range keys {
+		if err := c.Put(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "emu", Key: k}, blockValue(i, emuBlockBytes)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// run executes a plan kind on the engine's node and returns its wall time.
+// h, p and k are the node's local prefix, the pool prefix and the split
+// point, in blocks.
+func (e *engine) run(t *testing.T, kind string, keys [][]byte, h, p, k int) time.Duration {
+	start := time.Now()
+	<-time.After(e.queue)
+	switch kind {
+	case "recompute":
+		e.compute(emuPrompt - h*emuBlockTokens)
+	case "fetch":
+		e.fetch(t, keys[h:p])
+		e.compute(emuPrompt - p*emuBlockTokens)
+	case "split":
+		var wg sync.WaitGroup
+		wg.Go(func() { e.compute((k - h) * emuBlockTokens) })
+		e.fetch(t, keys[k:p])
+		wg.Wait()
+		e.compute(emuPrompt - p*emuBlockTokens)
+	default:
+		t.Fatalf("unknown plan %q", kind)
+	}
+	took := time.Since(start)
+	// Put the node back as it was: drop the replicas the run fetched.
+	if kind != "recompute" && p > h {
+		if _, err := e.client.RemoveMany(context.Background(), "acme", "emu", keys[h:p]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return took
+}
+
+// TestPlanMatchesExecution: on a live 3-node cluster, the daemons plan a
+// request, then every candidate executes both its fetch-side plan (the
+// planned fetch or split, else a fetch) and a recompute, for real. The
+// node and plan the daemons chose must be what finished first. Two
+// scenarios flip the decision: a slow engine (fetching wins) and a fast
+// one (recomputing wins); prefill speeds are set from the link speed the
+// cluster measured, so the margins hold on any machine.
+func TestPlanMatchesExecution(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3, CapacityBytes: 256 << 20, Mutate: func(i int, pc *pool.Config) {
+		pc.Profiles = emuProfiles(t)
+		pc.Model, pc.Accelerator, pc.BlockTokens = "emu", "emu", emuBlockTokens
+	}})
+	engines := make([]*engine, 3)
+	for i := range engines {
+		engines[i] = &engine{client: c.Client(i, api.PathData)}
+	}
+
+	// Measure the links into node-1 and node-2 with real transfers, and
+	// wait until every daemon has their published estimates.
+	warm := chainKeys(t, 71, 16)
+	putEmu(t, engines[0].client, warm)
+	c.Converged(10 * time.Second)
+	for _, i := range []int{1, 2} {
+		for range 3 {
+			engines[i].fetch(t, warm)
+			if _, err := engines[i].client.RemoveMany(context.Background(), "acme", "emu", warm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bw := math.Inf(1)
+	for _, i := range []int{1, 2} {
+		e := c.Nodes[i].Node.Links().Estimate("node-0", time.Now())
+		if e.Samples == 0 {
+			t.Fatalf("node-%d measured nothing from node-0", i)
+		}
+		bw = min(bw, e.BytesPerSecond)
+	}
+	fetchTime := float64(emuChainBlocks*emuBlockBytes) / bw
+	t.Logf("measured links from node-0: %.2f GB/s at the slowest; the chain fetches in about %.1f ms", bw/1e9, fetchTime*1e3)
+
+	for _, sc := range []struct {
+		name string
+		// recompute is the chain's prefill time, as a multiple of its
+		// fetch time.
+		recompute float64
+		wantPlan  string
+	}{
+		{"slow engine fetches", 6, "fetch"},
+		// The split would load the last block while computing the rest,
+		// so recomputing wins only when the whole chain computes faster
+		// than one block loads: 1/64 of the fetch time, against 1/32.
+		{"fast engine recomputes", 1.0 / 64, "recompute"},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			keys := chainKeys(t, 72, emuChainBlocks)
+			if sc.wantPlan == "recompute" {
+				keys = chainKeys(t, 73, emuChainBlocks)
+			}
+			putEmu(t, engines[0].client, keys)
+			c.Converged(10 * time.Second)
+			// node-0 holds the chain but is busy; node-1 is idle; node-2
+			// is idle after a shorter wait. Queues are in units of the
+			// chain's fetch time, so every option is well apart.
+			speed := float64(emuPrompt) / (sc.recompute * fetchTime)
+			unit := time.Duration(fetchTime * float64(time.Second))
+			queues := []time.Duration{8 * unit, 0, 2 * unit}
+			for i, e := range engines {
+				e.queue, e.tokensPerSecond = queues[i], speed
+				if err := e.client.ReportLoad(context.Background(), api.Load{Queue: e.queue, PrefillTokensPerSecond: speed, PromptTokens: emuPrompt, Model: "emu"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Every daemon must see every engine's report and measured
+			// links before it plans.
+			req := &kvpoolv1.PlanRequest{Tenant: "acme", Namespace: "emu", Keys: keys}
+			var plans [3]*kvpoolv1.PlanResponse
+			c.Eventually("every daemon plans with the reported load and measured links", 10*time.Second, func() bool {
+				for i, e := range engines {
+					resp, err := e.client.Plan(context.Background(), req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					plans[i] = resp
+					for _, np := range resp.GetNodes() {
+						ni := int(np.GetNodeId()[len("node-")] - '0')
+						if math.Abs(np.GetQueueSeconds()-queues[ni].Seconds()) > 1e-6 || math.Abs(np.GetPrefillTokensPerSecond()-speed) > speed*1e-9 {
+							return false
+						}
+						if np.GetSource() != "" && !np.GetLinkMeasured() {
+							return false
+						}
+					}
+				}
+				return true
+			})
+			win := plans[0].GetNodes()[0]
+			for i, p := range plans {
+				if w := p.GetNodes()[0]; w.GetNodeId() != win.GetNodeId() || w.GetPlan() != win.GetPlan() {
+					t.Fatalf("node-%d chose %s/%s, node-0 chose %s/%s", i, w.GetNodeId(), w.GetPlan(), win.GetNodeId(), win.GetPlan())
+				}
+			}
+			if win.GetPlan() != sc.wantPlan && !(sc.wantPlan == "fetch" && win.GetPlan() == "split") {
+				t.Fatalf("winner %s plans %s; the scenario is built for %s", win.GetNodeId(), win.GetPlan(), sc.wantPlan)
+			}
+
+			// Execute both options on every candidate, one at a time.
+			type outcome struct {
+				node, plan      string
+				predicted, took time.Duration
+			}
+			var best outcome
+			for _, np := range plans[0].GetNodes() {
+				ni := int(np.GetNodeId()[len("node-")] - '0')
+				h, p, k := int(np.GetLocalBlocks()), int(np.GetPoolBlocks()), int(np.GetSplitBlocks())
+				fetchSide := np.GetPlan()
+				if fetchSide == "recompute" {
+					fetchSide = "fetch"
+				}
+				options := []struct {
+					plan      string
+					predicted float64
+				}{{"recompute", np.GetRecomputeTotalSeconds()}}
+				if p > h {
+					pred := np.GetFetchTotalSeconds()
+					if fetchSide == "split" {
+						pred = np.GetSplitTotalSeconds()
+					}
+					options = append(options, struct {
+						plan      string
+						predicted float64
+					}{fetchSide, pred})
+				}
+				for _, o := range options {
+					took := engines[ni].run(t, o.plan, keys, h, p, k)
+					c.Converged(10 * time.Second)
+					oc := outcome{np.GetNodeId(), o.plan, time.Duration(o.predicted * float64(time.Second)), took}
+					t.Logf("%s %-9s predicted %8.2f ms, took %8.2f ms", oc.node, oc.plan, ms(oc.predicted), ms(oc.took))
+					if best.node == "" || took < best.took {
+						best = oc
+					}
+				}
+			}
+			if best.node != win.GetNodeId() || best.plan != win.GetPlan() {
+				t.Fatalf("the plan chose %s/%s (%.2f ms); %s/%s finished first in %.2f ms",
+					win.GetNodeId(), win.GetPlan(), win.GetTotalSeconds()*1e3, best.node, best.plan, ms(best.took))
+			}
+		})
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// A standalone daemon plans for itself, and bad requests are
+// InvalidArgument.
+func TestPlanRPCValidation(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 1})
+	cl := c.Client(0, api.PathData)
+	keys := chainKeys(t, 74, 4)
+	putBlocks(t, cl, keys[:2], 4096)
+	resp, err := cl.Estimate(context.Background(), &kvpoolv1.EstimateRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := resp.GetNode(); n.GetNodeId() != "node-0" || n.GetLocalBlocks() != 2 || n.GetPlan() != "recompute" {
+		t.Fatalf("estimate: %+v", n)
+	}
+	if s := resp.GetSummary(); s.GetModel() != "llama3-8b" || s.GetBlockTokens() != 16 || s.GetPromptTokens() != 64 || s.GetKvBytesPerToken() != 131072 {
+		t.Fatalf("summary: %+v", s)
+	}
+	for name, req := range map[string]*kvpoolv1.PlanRequest{
+		"unknown model":     {Tenant: "acme", Namespace: "n", Keys: keys, Model: "gpt-9"},
+		"empty chain":       {Tenant: "acme", Namespace: "n"},
+		"bad tenant":        {Tenant: "a b", Namespace: "n", Keys: keys},
+		"short prompt":      {Tenant: "acme", Namespace: "n", Keys: keys, PromptTokens: 10},
+		"negative link":     {Tenant: "acme", Namespace: "n", Keys: keys, LinkBytesPerSecond: -1},
+		"unknown candidate": {Tenant: "acme", Namespace: "n", Keys: keys, Candidates: []string{"node-9"}},
+	} {
+		if _, err := cl.Plan(context.Background(), req); api.Code(err).String() != "InvalidArgument" {
+			t.Errorf("%s: got %v, want InvalidArgument", name, err)
+		}
+	}
+	if err := cl.ReportLoad(context.Background(), api.Load{Model: "gpt-9"}); api.Code(err).String() != "InvalidArgument" {
+		t.Errorf("report for an unknown model: %v", err)
+	}
+}

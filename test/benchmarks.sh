@@ -68,3 +68,7 @@ echo "== transports: grpc (raw codec) vs stock protobuf gRPC; tcp striping 2 vs 
 go test -run x -bench 'GRPCTransport|Striping' -benchtime 1x ./transfer | grep Benchmark
 echo "== against Redis"
 go run ./test/redisbench --kvpool "$bin" --block-size 2MiB --clients 1,4 --duration 4s
+
+echo "== planning: 8 nodes, a 128-block chain"
+go test -run x -bench Plan -benchmem ./transfer/cost | grep Benchmark
+go test -run x -bench DaemonPlan -benchtime 1x ./test | grep Benchmark

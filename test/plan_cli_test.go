@@ -131,6 +131,23 @@ func TestPlanCLIServer(t *testing.T) {
 	if r := kv(t, nil, "plan", "--server", s.addr, "--tenant", "acme", "--namespace", "m", "--keys", "k0", "--model", "gpt-9"); r.code == 0 || !strings.Contains(r.stderr, "gpt-9") {
 		t.Errorf("unknown model: exit %d, %s", r.code, r.stderr)
 	}
+	// The config file sets the node's model, accelerator and block size,
+	// with an inline model and curve; a plan without them takes them.
+	cfg := filepath.Join(dir, "node.yaml")
+	os.WriteFile(cfg, []byte(`capacity: 32MiB
+model: tiny
+accelerator: l4
+block_tokens: 32
+models:
+- {name: tiny, layers: 2, kv_heads: 1, head_dim: 64}
+curves:
+- {model: tiny, accelerator: l4, points: [{tokens: 1000, tokens_per_s: 50000}]}
+`), 0o600)
+	s2 := startServe(t, "--config", cfg)
+	out = planJSON(t, "--server", s2.addr, "--tenant", "acme", "--namespace", "m", "--keys", "a,b")
+	if out["model"] != "tiny" || out["reference_accelerator"] != "l4" || out["block_tokens"] != 32.0 || out["kv_bytes_per_token"] != 512.0 {
+		t.Fatalf("config file profiles: %v", out)
+	}
 	// A node whose accelerator has no curve for its model does not start.
 	if r := kv(t, nil, "serve", "--capacity", "64MiB", "--standalone", "--accelerator", "tpu-v9", "--listen", "127.0.0.1:0"); r.code != 2 || !strings.Contains(r.stderr, "tpu-v9") {
 		t.Errorf("serve with an unknown accelerator: exit %d, %s", r.code, r.stderr)

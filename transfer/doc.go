@@ -1,8 +1,7 @@
 // Package transfer moves blocks between nodes and measures every link: a
-// transport interface shaped like one-sided RDMA with tcp, grpc and shm
-// implementations, per-link bandwidth and latency estimates, and the pure
-// fetch-versus-recompute cost model. It imports api only.
-//
-// It is the next milestone after the node (pool); until then the package
-// holds no code.
+// transport interface shaped like one-sided RDMA (transport.go documents
+// how RDMA verbs map onto it) with tcp, grpc and shm implementations, a
+// fault-injecting wrapper, and per-link bandwidth and latency estimates
+// (Links). The pure fetch-versus-recompute cost model, which reads those
+// estimates, is the subpackage cost. It imports api only.
 package transfer

@@ -279,6 +279,15 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		}
 		fmt.Fprintf(out, "\n%s:\n", whatIf.what)
 		printPlan(out, resp)
+		win := resp.GetNodes()[0]
+		if win.GetPlan() == "recompute" {
+			fmt.Fprintf(out, "=> recompute wins: %s recomputes in %.2f ms; fetching from %s would take %.2f ms\n",
+				win.GetNodeId(), win.GetRecomputeSeconds()*1e3, dash(win.GetSource()), win.GetFetchTotalSeconds()*1e3)
+		} else {
+			fmt.Fprintf(out, "=> fetch wins: %s loads blocks %d..%d from %s (%s), %.2f ms against %.2f ms recomputing\n",
+				win.GetNodeId(), max(win.GetSplitBlocks(), win.GetLocalBlocks()), win.GetPoolBlocks()-1, win.GetSource(), win.GetPlan(),
+				win.GetTotalSeconds()*1e3, win.GetRecomputeTotalSeconds()*1e3)
+		}
 	}
 
 	// The request goes to node-2, which holds a quarter: it fetches the

@@ -123,7 +123,7 @@ anchor document written by gpu_anchor.py.`,
 	f.cf.register(c, true)
 	f.chain.register(c, &f.cf)
 	fl.StringSliceVar(&f.profiles, "profiles", nil, "extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable")
-	fl.StringVar(&f.model, "model", "llama3-8b", "model profile")
+	fl.StringVar(&f.model, "model", "llama3-8b", "model profile (with --server, default: the node's)")
 	fl.StringVar(&f.accelerator, "accelerator", cost.DefaultAccelerator, "accelerator whose prefill curve to use (without --server)")
 	fl.IntVar(&f.tokens, "tokens", 0, "prompt length in tokens (without --server; required there)")
 	fl.IntVar(&f.cached, "cached-tokens", 0, "tokens of the prompt already on the node (without --server)")
@@ -236,10 +236,19 @@ func (f *planFlags) live(cmd *cobra.Command, e *env) error {
 		}
 		return usageError{error: err}
 	}
+	// With --keys and no --block-tokens, and no --model, the node's
+	// defaults apply.
+	blockTokens, model := uint32(f.chain.blockTokens), f.model
+	if f.chain.tokensFile == "" && !cmd.Flags().Changed("block-tokens") {
+		blockTokens = 0
+	}
+	if !cmd.Flags().Changed("model") {
+		model = ""
+	}
 	return f.cf.withClient(cmd, func(ctx context.Context, c *api.Client) error {
 		resp, err := c.Plan(ctx, &kvpoolv1.PlanRequest{
-			Tenant: f.cf.tenant, Namespace: f.cf.namespace, Keys: chain, Model: f.model,
-			BlockTokens: uint32(f.chain.blockTokens), PromptTokens: uint64(promptTokens),
+			Tenant: f.cf.tenant, Namespace: f.cf.namespace, Keys: chain, Model: model,
+			BlockTokens: blockTokens, PromptTokens: uint64(promptTokens),
 			LinkBytesPerSecond: f.linkGBps * 1e9, Candidates: f.candidates,
 		})
 		if err != nil {

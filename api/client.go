@@ -561,9 +561,14 @@ func (c *Client) putGRPCReplicas(ctx context.Context, k BlockKey, value []byte, 
 }
 
 func (c *Client) getGRPC(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([]byte, error) {
+	return c.getGRPCLease(ctx, k, dst, alloc, 0)
+}
+
+// getGRPCLease is getGRPC that also asks for a read lease of leaseMs.
+func (c *Client) getGRPCLease(ctx context.Context, k BlockKey, dst []byte, alloc bool, leaseMs uint32) ([]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}})
+	stream, err := c.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, LeaseMs: leaseMs})
 	if err != nil {
 		return nil, FromStatus(err)
 	}

@@ -32,6 +32,12 @@ type MirrorConfig struct {
 	// OnApply, when set, is called after each applied batch with the
 	// batch's age (now - its write time): the mirror's lag.
 	OnApply func(lag time.Duration, records int)
+	// OnPolicy, when set, hears every tenant policy record: its JSON on
+	// load and on every change, nil when it is deleted. It is called from
+	// the mirror's goroutine, in revision order, and must not block for
+	// long. After a reload, tenants whose record vanished meanwhile hear
+	// nil.
+	OnPolicy func(tenant string, policy []byte)
 	// Logger receives the mirror's logs. Default: discard.
 	Logger *slog.Logger
 }
@@ -56,6 +62,10 @@ type Mirror struct {
 	malformed atomic.Uint64
 	reloads   atomic.Uint64
 	applied   atomic.Uint64
+
+	// policies are the tenants whose policy record the last load or watch
+	// saw; only touched from Run's goroutine.
+	policies map[string]bool
 }
 
 // NewMirror validates cfg. It starts nothing.
@@ -117,9 +127,14 @@ func (m *Mirror) load(ctx context.Context) error {
 	}
 	st := newState()
 	var locs []*mvccpb.KeyValue
+	seen := map[string]bool{}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
 		switch {
+		case strings.HasPrefix(k, m.keys.policies()):
+			tenant := strings.TrimPrefix(k, m.keys.policies())
+			seen[tenant] = true
+			m.policy(tenant, kv.Value)
 		case strings.HasPrefix(k, m.keys.nodes()):
 			m.applyNode(st, kv)
 		case strings.HasPrefix(k, m.keys.locs()):
@@ -132,10 +147,31 @@ func (m *Mirror) load(ctx context.Context) error {
 	for _, kv := range locs {
 		m.applyLoc(st, kv)
 	}
+	for tenant := range m.policies {
+		if !seen[tenant] {
+			m.policy(tenant, nil)
+		}
+	}
+	m.policies = seen
 	m.mu.Lock()
 	m.st, m.rev = st, resp.Header.Revision
 	m.mu.Unlock()
 	return nil
+}
+
+// policy passes a tenant policy record on. A nil value is a deletion.
+func (m *Mirror) policy(tenant string, value []byte) {
+	if m.policies == nil {
+		m.policies = map[string]bool{}
+	}
+	if value == nil {
+		delete(m.policies, tenant)
+	} else {
+		m.policies[tenant] = true
+	}
+	if m.cfg.OnPolicy != nil {
+		m.cfg.OnPolicy(tenant, value)
+	}
 }
 
 func (m *Mirror) applyNode(st *state, kv *mvccpb.KeyValue) {
@@ -217,6 +253,13 @@ func (m *Mirror) watch(ctx context.Context) error {
 func (m *Mirror) applyEvent(ev *clientv3.Event) {
 	k := string(ev.Kv.Key)
 	switch {
+	case strings.HasPrefix(k, m.keys.policies()):
+		tenant := strings.TrimPrefix(k, m.keys.policies())
+		if ev.Type == clientv3.EventTypeDelete {
+			m.policy(tenant, nil)
+		} else {
+			m.policy(tenant, ev.Kv.Value)
+		}
 	case strings.HasPrefix(k, m.keys.nodes()):
 		if ev.Type == clientv3.EventTypeDelete {
 			m.st.dropNode(strings.TrimPrefix(k, m.keys.nodes()))

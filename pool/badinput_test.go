@@ -407,7 +407,7 @@ func TestShmCommitChecksumMismatch(t *testing.T) {
 }
 
 func TestCapacityExhausted(t *testing.T) {
-	n := startNode(t, func(c *Config) { c.CapacityBytes = 8 << 20; c.MaxBlockBytes = 4 << 20 })
+	n := startNode(t, func(c *Config) { c.CapacityBytes = 8 << 20; c.MaxBlockBytes = 4 << 20; c.DisableEviction = true })
 	ctx := context.Background()
 	for _, path := range []api.Path{api.PathData, api.PathGRPC, api.PathShm} {
 		t.Run(path.String(), func(t *testing.T) {

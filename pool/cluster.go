@@ -41,7 +41,8 @@ func newCluster(n *Node) (*cluster, error) {
 		OnApply: func(lag time.Duration, records int) {
 			n.metrics.mirrorLag.Observe(lag.Seconds())
 		},
-		Logger: cfg.Logger,
+		OnPolicy: n.applyPolicy,
+		Logger:   cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -309,6 +310,7 @@ func (a *adminService) ClusterStats(ctx context.Context, _ *kvpoolv1.ClusterStat
 		out.UsedBytes += ns.UsedBytes
 		out.StoredBlocks += ns.StoredBlocks
 	}
+	out.Tenants = a.n.tenantStatsProto()
 	return out, nil
 }
 

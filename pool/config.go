@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/eviction"
 	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
 )
@@ -105,6 +106,26 @@ type Config struct {
 	FetchTimeout time.Duration
 	// Links seeds and tunes the per-link bandwidth estimates.
 	Links transfer.LinkConfig
+	// DefaultTenant is how the blocks of tenants without a stored policy
+	// are kept (policies live in etcd, set with `kvpool admin policy
+	// set`). Default: LRU, no quota.
+	DefaultTenant eviction.TenantConfig
+	// HighWatermark and LowWatermark are fractions of the arena: once a
+	// reservation would take it past High, the node evicts down to Low,
+	// from tenants over their quota and tenants without one (the largest
+	// first), never a tenant below its quota, a leased block or space
+	// reserved for a put. Defaults 0.95 and 0.90.
+	HighWatermark, LowWatermark float64
+	// DisableEviction turns automatic eviction off: a put that finds its
+	// tenant at quota or the arena full fails with ResourceExhausted and
+	// the caller decides what to remove (the behaviour before policies;
+	// TTLs still expire blocks).
+	DisableEviction bool
+	// LeaseDefault is a read lease's length when a caller asks for one
+	// without saying (the CLI and client default); LeaseMax caps what a
+	// caller may ask. Defaults 10 s and 60 s.
+	LeaseDefault, LeaseMax time.Duration
+
 	// Model is the model profile Estimate and Plan assume when a request
 	// names none. It must be in Profiles. Default "llama3-8b".
 	Model string
@@ -213,6 +234,16 @@ func (c *Config) fillDefaults() {
 	if c.FetchTimeout == 0 {
 		c.FetchTimeout = time.Second
 	}
+	c.DefaultTenant = c.DefaultTenant.WithDefaults()
+	if c.HighWatermark == 0 && c.LowWatermark == 0 {
+		c.HighWatermark, c.LowWatermark = 0.95, 0.90
+	}
+	if c.LeaseDefault == 0 {
+		c.LeaseDefault = 10 * time.Second
+	}
+	if c.LeaseMax == 0 {
+		c.LeaseMax = 60 * time.Second
+	}
 	if c.Model == "" {
 		c.Model = "llama3-8b"
 	}
@@ -309,6 +340,15 @@ func (c *Config) validate() error {
 		if err := api.ValidateName("zone", c.Zone); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := c.DefaultTenant.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if !(c.LowWatermark > 0 && c.LowWatermark <= c.HighWatermark && c.HighWatermark <= 1) {
+		bad("watermarks: want 0 < low (%v) ≤ high (%v) ≤ 1", c.LowWatermark, c.HighWatermark)
+	}
+	if c.LeaseDefault < 0 || c.LeaseMax < c.LeaseDefault {
+		bad("leases: want 0 ≤ default (%v) ≤ max (%v)", c.LeaseDefault, c.LeaseMax)
 	}
 	if c.BlockTokens < 1 {
 		bad("block tokens %d: want a positive count", c.BlockTokens)

@@ -43,6 +43,7 @@ func BenchmarkFragmentation(b *testing.B) {
 func churn(b *testing.B, size func(*rand.Rand) int64) (occupancy, ext, internal float64) {
 	cfg := TestConfig("frag", 1<<30)
 	cfg.MaxBlockBytes = 8 << 20
+	cfg.DisableEviction = true // this measures the allocator: the churn evicts
 	seg, err := openSegment("frag", "", cfg.CapacityBytes, false)
 	if err != nil {
 		b.Fatal(err)

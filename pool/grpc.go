@@ -143,6 +143,9 @@ func (g *grpcService) Get(req *kvpoolv1.GetRequest, stream kvpoolv1.KVPoolServic
 		return api.ToStatus(err)
 	}
 	defer g.n.store.Release(pin)
+	if ms := req.GetLeaseMs(); ms > 0 {
+		g.n.store.Lease(tenant, ns, [][]byte{key}, g.n.leaseFor(ms))
+	}
 	chunk := g.n.cfg.GetChunkBytes
 	if c := int(req.GetChunkBytes()); c != 0 {
 		chunk = min(max(c, 4<<10), 4<<20)
@@ -225,16 +228,25 @@ func (g *grpcService) Exists(_ context.Context, req *kvpoolv1.ExistsRequest) (*k
 }
 
 func (g *grpcService) Locate(_ context.Context, req *kvpoolv1.LocateRequest) (*kvpoolv1.LocateResponse, error) {
-	k, err := g.n.store.Locate([]byte(req.GetTenant()), []byte(req.GetNamespace()), req.GetKeys())
+	tenant, ns := []byte(req.GetTenant()), []byte(req.GetNamespace())
+	k, err := g.n.store.Locate(tenant, ns, req.GetKeys())
 	if err != nil {
 		return nil, api.ToStatus(err)
 	}
-	return &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), NodeId: g.n.cfg.NodeID}, nil
+	out := &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), NodeId: g.n.cfg.NodeID}
+	if ms := req.GetLeaseMs(); ms > 0 && k > 0 {
+		_, until, err := g.n.store.Lease(tenant, ns, req.GetKeys()[:k], g.n.leaseFor(ms))
+		if err != nil {
+			return nil, api.ToStatus(err)
+		}
+		out.LeaseUntilUnixMs = until.UnixMilli()
+	}
+	return out, nil
 }
 
 func (g *grpcService) Remove(_ context.Context, req *kvpoolv1.RemoveRequest) (*kvpoolv1.RemoveResponse, error) {
 	tenant, ns, key := keyParts(req.GetKey())
-	if err := g.n.store.Remove(tenant, ns, key); err != nil {
+	if err := g.n.store.RemoveForce(tenant, ns, key, req.GetForce()); err != nil {
 		return nil, api.ToStatus(err)
 	}
 	return &kvpoolv1.RemoveResponse{}, nil
@@ -260,7 +272,27 @@ func (g *grpcService) Stats(context.Context, *kvpoolv1.StatsRequest) (*kvpoolv1.
 	for _, ns := range st.Namespaces {
 		out.Namespaces = append(out.Namespaces, &kvpoolv1.NamespaceStats{Tenant: ns.Tenant, Namespace: ns.Namespace, Blocks: ns.Blocks, StoredBytes: ns.StoredBytes})
 	}
+	out.Tenants = g.n.tenantStatsProto()
+	out.LeasedBlocks = uint64(g.n.store.LeasedBlocks(g.n.cfg.Now()))
 	return out, nil
+}
+
+func (n *Node) tenantStatsProto() []*kvpoolv1.TenantStats {
+	var out []*kvpoolv1.TenantStats
+	for _, t := range n.store.TenantStats() {
+		out = append(out, &kvpoolv1.TenantStats{
+			Tenant: t.Tenant, Policy: t.Config.Policy.String(), QuotaBytes: t.Config.QuotaBytes,
+			StoredBytes: uint64(t.StoredBytes), Blocks: uint64(t.Blocks), Hits: t.Hits, Misses: t.Misses,
+			QuotaEvictions: t.QuotaEvictions, PressureEvictions: t.PressureEvictions, Expirations: t.Expirations, Rejected: t.Rejected,
+		})
+	}
+	return out
+}
+
+// leaseFor turns a caller's lease request into a length, capped by the
+// node's maximum.
+func (n *Node) leaseFor(ms uint32) time.Duration {
+	return min(time.Duration(ms)*time.Millisecond, n.cfg.LeaseMax)
 }
 
 func (g *grpcService) Info(context.Context, *kvpoolv1.InfoRequest) (*kvpoolv1.InfoResponse, error) {

@@ -32,6 +32,10 @@ type entry struct {
 	pins   uint16 // readers holding the value's bytes
 	keyLen uint8
 	state  uint8
+	// parent is the eviction id (index+1) of the block before this one in
+	// its prefix chain, 0 if unknown (Store.LinkChain). It fills what was
+	// padding: the entry stays 40 bytes.
+	parent uint32
 }
 
 const (

@@ -67,6 +67,7 @@ func BenchmarkMetadataPerBlock(b *testing.B) {
 
 func metadataRun(b *testing.B, blocks, blockBytes int) (float64, time.Duration, uint64) {
 	cfg := TestConfig("mem", int64(blocks*blockBytes))
+	cfg.HighWatermark, cfg.LowWatermark = 1, 1 // the arena is sized exactly for the blocks: no eviction
 	seg, err := openSegment("mem", "", cfg.CapacityBytes, false)
 	if err != nil {
 		b.Fatal(err)

@@ -23,6 +23,7 @@ type metrics struct {
 	reclaimed     prometheus.Counter
 	mirrorLag     prometheus.Histogram
 	fetched       *prometheus.CounterVec // by transport
+	badPolicies   prometheus.Counter
 }
 
 func newMetrics(n *Node) (*metrics, error) {
@@ -47,13 +48,17 @@ func newMetrics(n *Node) (*metrics, error) {
 			Name: "kvpool_transfer_fetched_bytes_total",
 			Help: "Block bytes pulled from peers by Fetch, by the transport that moved them.",
 		}, []string{"transport"}),
+		badPolicies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_eviction_malformed_policies_total",
+			Help: "Tenant policy records in etcd that did not decode and were skipped.",
+		}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, &storeCollector{n.store}} {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, &storeCollector{n.store}} {
 		if err := n.cfg.Registerer.Register(c); err != nil {
 			return nil, err
 		}
@@ -108,7 +113,14 @@ var (
 	descIntFrag   = prometheus.NewDesc("kvpool_pool_internal_fragmentation_ratio", "1 - stored bytes / bytes of the pages holding them.", nil, nil)
 	descNSBlocks  = prometheus.NewDesc("kvpool_pool_namespace_blocks", "Committed blocks per tenant and namespace.", []string{"tenant", "namespace"}, nil)
 	descNSStored  = prometheus.NewDesc("kvpool_pool_namespace_stored_bytes", "Stored bytes per tenant and namespace.", []string{"tenant", "namespace"}, nil)
-	storeDescList = []*prometheus.Desc{descCapacity, descUsed, descStored, descBlocks, descRes, descLargest, descExtFrag, descIntFrag, descNSBlocks, descNSStored}
+	descTStored   = prometheus.NewDesc("kvpool_eviction_tenant_stored_bytes", "Stored bytes per tenant.", []string{"tenant"}, nil)
+	descTQuota    = prometheus.NewDesc("kvpool_eviction_tenant_quota_bytes", "Each tenant's quota on this node; 0 means none.", []string{"tenant"}, nil)
+	descTHits     = prometheus.NewDesc("kvpool_eviction_tenant_hits_total", "Reads that found their block, per tenant.", []string{"tenant"}, nil)
+	descTMisses   = prometheus.NewDesc("kvpool_eviction_tenant_misses_total", "Reads that did not, per tenant.", []string{"tenant"}, nil)
+	descTEvicted  = prometheus.NewDesc("kvpool_eviction_tenant_evictions_total", "Blocks evicted per tenant, by reason: quota, pressure (node watermark) or ttl.", []string{"tenant", "reason"}, nil)
+	descTRejected = prometheus.NewDesc("kvpool_eviction_tenant_rejected_total", "Puts refused per tenant: at quota with nothing evictable, or not admitted.", []string{"tenant"}, nil)
+	storeDescList = []*prometheus.Desc{descCapacity, descUsed, descStored, descBlocks, descRes, descLargest, descExtFrag, descIntFrag, descNSBlocks, descNSStored,
+		descTStored, descTQuota, descTHits, descTMisses, descTEvicted, descTRejected}
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -133,5 +145,18 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, ns := range st.Namespaces {
 		g(descNSBlocks, float64(ns.Blocks), ns.Tenant, ns.Namespace)
 		g(descNSStored, float64(ns.StoredBytes), ns.Tenant, ns.Namespace)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for _, t := range c.s.TenantStats() {
+		g(descTStored, float64(t.StoredBytes), t.Tenant)
+		g(descTQuota, float64(t.Config.QuotaBytes), t.Tenant)
+		counter(descTHits, t.Hits, t.Tenant)
+		counter(descTMisses, t.Misses, t.Tenant)
+		counter(descTEvicted, t.QuotaEvictions, t.Tenant, "quota")
+		counter(descTEvicted, t.PressureEvictions, t.Tenant, "pressure")
+		counter(descTEvicted, t.Expirations, t.Tenant, "ttl")
+		counter(descTRejected, t.Rejected, t.Tenant)
 	}
 }

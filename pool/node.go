@@ -23,6 +23,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/eviction"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/transfer"
 )
@@ -48,6 +49,11 @@ type Node struct {
 
 	engineMu sync.Mutex
 	engine   metadata.Load // the local engine's last ReportLoad
+
+	// Tenant policies of a standalone node (with a cluster they live in
+	// etcd).
+	localMu       sync.Mutex
+	localPolicies map[string]eviction.TenantConfig
 
 	// Transfers: every transport serves the arena as arenaRegion to peers
 	// (shm only with shared memory on); transport (tcp or grpc, per
@@ -320,17 +326,21 @@ func (n *Node) Run(ctx context.Context) error {
 }
 
 func (n *Node) sweep(ctx context.Context) {
-	t := time.NewTicker(max(n.cfg.ReservationTimeout/4, 10*time.Millisecond))
+	// Every second at most: expired blocks and leases go within a second
+	// of their time.
+	t := time.NewTicker(min(max(n.cfg.ReservationTimeout/4, 10*time.Millisecond), time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if k := n.store.ReclaimExpired(n.cfg.Now()); k > 0 {
+			now := n.cfg.Now()
+			if k := n.store.ReclaimExpired(now); k > 0 {
 				n.metrics.reclaimed.Add(float64(k))
 				n.log.Warn("reclaimed expired reservations", "count", k)
 			}
+			n.store.Sweep(now)
 		}
 	}
 }

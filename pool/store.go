@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bytes"
+	"container/heap"
 	"fmt"
 	"math/bits"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/eviction"
 )
 
 // Store is the block store of one node: the arena, its allocator, the
@@ -44,6 +46,12 @@ type Store struct {
 	// sink hears of every block committed and removed, after the fact and
 	// outside mu; nil for a standalone node. Set before use.
 	sink LocationSink
+	// defaultTenant is the config of tenants without a stored policy;
+	// highWatermark and lowWatermark are fractions of the arena (see
+	// Config).
+	defaultTenant               eviction.TenantConfig
+	highWatermark, lowWatermark float64
+	noEviction                  bool
 
 	mu struct {
 		sync.Mutex
@@ -57,6 +65,16 @@ type Store struct {
 		livePages     uint64 // pages held by live and dead-but-pinned blocks
 		reservedPages uint64
 		scratch       []byte
+
+		// Eviction: every tenant's books and policy, read leases (pin
+		// handle → until, Unix ns), and the blocks with a TTL (entry
+		// index → expiry, and a heap of them by expiry).
+		tenants        map[string]*tenantState
+		leases         map[uint64]int64
+		expires        map[uint32]int64
+		expiry         expiryHeap
+		scratchTenants []*tenantState
+		scratchUsage   []eviction.TenantUsage
 	}
 }
 
@@ -77,6 +95,7 @@ type namespaceTable struct {
 
 type namespaceInfo struct {
 	tenant, namespace string
+	t                 *tenantState
 	blocks            uint64
 	storedBytes       uint64
 }
@@ -136,7 +155,15 @@ func newStore(cfg *Config, seg *segment, versions []uint64) *Store {
 		maxNS:     cfg.MaxNamespaces,
 		resTTL:    cfg.ReservationTimeout,
 		now:       cfg.Now,
+
+		defaultTenant: cfg.DefaultTenant.WithDefaults(),
+		highWatermark: cfg.HighWatermark,
+		lowWatermark:  cfg.LowWatermark,
+		noEviction:    cfg.DisableEviction,
 	}
+	s.mu.tenants = map[string]*tenantState{}
+	s.mu.leases = map[uint64]int64{}
+	s.mu.expires = map[uint32]int64{}
 	s.mu.alloc = newAllocator(uint32(cfg.CapacityBytes / cfg.PageBytes))
 	s.mu.idx = newIndex()
 	s.mu.ns = namespaceTable{ids: map[string]uint32{}}
@@ -168,7 +195,7 @@ func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error
 	}
 	id := uint32(len(s.mu.ns.list))
 	s.mu.ns.ids[string(s.mu.scratch)] = id
-	s.mu.ns.list = append(s.mu.ns.list, namespaceInfo{tenant: string(tenant), namespace: string(ns)})
+	s.mu.ns.list = append(s.mu.ns.list, namespaceInfo{tenant: string(tenant), namespace: string(ns), t: s.tenantLocked(string(tenant))})
 	return id, nil
 }
 
@@ -220,14 +247,22 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 		return nil, err
 	}
 	pages := s.pagesFor(size)
+	now := s.now()
+	var out []evicted
+	defer func() { s.notifyEvicted(out) }() // after the unlock below
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	nsID, err := s.namespaceIDLocked(tenant, ns, true)
 	if err != nil {
 		return nil, err
 	}
+	t := s.mu.ns.list[nsID].t
+	if err := s.makeRoomLocked(t, s.mu.idx.hash(nsID, key), size, pages, now, &out); err != nil {
+		return nil, err
+	}
 	page, ok := s.mu.alloc.alloc(pages)
 	if !ok {
+		t.rejected++
 		return nil, api.Errorf(api.ErrResourceExhausted, "pool: no room for %d bytes: %d of %d bytes free, largest free run %d bytes",
 			size, s.mu.alloc.freePages<<s.pageShift, uint64(s.mu.alloc.pages)<<s.pageShift, uint64(s.mu.alloc.largestFree())<<s.pageShift)
 	}
@@ -244,6 +279,7 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 	}
 	s.mu.res[r.handle] = r
 	s.mu.reservedPages += uint64(pages)
+	t.reservedBytes += size
 	return r, nil
 }
 
@@ -263,6 +299,7 @@ func (s *Store) endReservationLocked(r *Reservation) bool {
 	}
 	delete(s.mu.res, r.handle)
 	s.mu.reservedPages -= uint64(s.pagesFor(r.size))
+	s.mu.ns.list[r.ns].t.reservedBytes -= r.size
 	return true
 }
 
@@ -342,6 +379,16 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	ni := &s.mu.ns.list[r.ns]
 	ni.blocks++
 	ni.storedBytes += uint64(r.size)
+	t := ni.t
+	t.storedBytes += r.size
+	t.blocks++
+	now := s.now()
+	if ttl := t.cfg.DefaultTTL; ttl > 0 {
+		at := now.Add(ttl).UnixNano()
+		s.mu.expires[idx] = at
+		heap.Push(&s.mu.expiry, expiryItem{at: at, handle: Pin{idx: idx, gen: e.gen}.Handle()})
+	}
+	t.policy.Add(s.blockLocked(idx, e), now)
 	s.mu.Unlock()
 	if s.sink != nil {
 		s.sink.Added([]byte(ni.tenant), []byte(ni.namespace), r.key)
@@ -369,8 +416,17 @@ func (s *Store) Acquire(tenant, ns, key []byte) (Pin, error) {
 	defer s.mu.Unlock()
 	idx, ok := s.lookupLocked(tenant, ns, key)
 	if !ok {
+		if nsID, err := s.namespaceIDLocked(tenant, ns, false); err == nil {
+			t := s.mu.ns.list[nsID].t
+			t.misses++
+			t.policy.Miss(s.mu.idx.hash(nsID, key))
+		}
 		return Pin{}, api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
 	}
+	e := s.mu.idx.entries.at(idx)
+	t := s.mu.ns.list[e.ns].t
+	t.hits++
+	t.policy.Touch(evictionID(idx), s.now())
 	return s.pinLocked(idx), nil
 }
 
@@ -428,11 +484,15 @@ func (s *Store) freeEntryLocked(idx uint32) {
 // Remove deletes the block under (tenant, ns, key). Readers holding it
 // keep their bytes until they release them. Errors: ErrInvalidArgument,
 // ErrNotFound.
-func (s *Store) Remove(tenant, ns, key []byte) error {
+func (s *Store) Remove(tenant, ns, key []byte) error { return s.RemoveForce(tenant, ns, key, false) }
+
+// RemoveForce is Remove; a block under a read lease is removed only when
+// force is set, and is otherwise ErrFailedPrecondition.
+func (s *Store) RemoveForce(tenant, ns, key []byte, force bool) error {
 	if err := validateKey(tenant, ns, key); err != nil {
 		return err
 	}
-	if err := s.remove(tenant, ns, key); err != nil {
+	if err := s.remove(tenant, ns, key, force); err != nil {
 		return err
 	}
 	if s.sink != nil {
@@ -441,14 +501,32 @@ func (s *Store) Remove(tenant, ns, key []byte) error {
 	return nil
 }
 
-func (s *Store) remove(tenant, ns, key []byte) error {
+func (s *Store) remove(tenant, ns, key []byte, force bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	idx, ok := s.lookupLocked(tenant, ns, key)
 	if !ok {
 		return api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
 	}
+	if until, ok := s.mu.leases[Pin{idx: idx, gen: s.mu.idx.entries.at(idx).gen}.Handle()]; ok && !force && until > s.now().UnixNano() {
+		return api.Errorf(api.ErrFailedPrecondition, "pool: block %s/%s/%x is under a read lease until %s; remove with force to override",
+			tenant, ns, key, time.Unix(0, until).UTC().Format(time.RFC3339Nano))
+	}
+	s.unlinkLocked(idx)
+	return nil
+}
+
+// unlinkLocked takes live entry idx out of the index, its tenant's books
+// and policy; its pages are freed now, or on the last reader's release.
+// REQUIRES: s.mu.
+func (s *Store) unlinkLocked(idx uint32) {
 	e := s.mu.idx.entries.at(idx)
+	t := s.mu.ns.list[e.ns].t
+	t.policy.Remove(evictionID(idx))
+	t.storedBytes -= int64(e.size)
+	t.blocks--
+	delete(s.mu.expires, idx)
+	delete(s.mu.leases, Pin{idx: idx, gen: e.gen}.Handle())
 	s.mu.idx.unlink(idx)
 	e.state = stateDead
 	if s.versions != nil {
@@ -463,7 +541,6 @@ func (s *Store) remove(tenant, ns, key []byte) error {
 	if e.pins == 0 {
 		s.freeEntryLocked(idx)
 	}
-	return nil
 }
 
 // ForEach calls yield for every committed block until it returns false.
@@ -529,10 +606,14 @@ func (s *Store) Locate(tenant, ns []byte, chain [][]byte) (int, error) {
 	if err != nil {
 		return 0, nil
 	}
+	var parent uint32
 	for i, k := range chain {
-		if _, ok := s.mu.idx.lookup(nsID, k); !ok {
+		idx, ok := s.mu.idx.lookup(nsID, k)
+		if !ok {
 			return i, nil
 		}
+		s.linkLocked(idx, parent)
+		parent = uint32(evictionID(idx))
 	}
 	return len(chain), nil
 }
@@ -618,6 +699,20 @@ func (s *Store) checkConsistency() error {
 	}
 	if live != uint64(s.mu.idx.count) || stored != s.mu.storedBytes || pages != s.mu.livePages {
 		return fmt.Errorf("walk: %d live blocks, %d bytes, %d pages; counters: %d, %d, %d", live, stored, pages, s.mu.idx.count, s.mu.storedBytes, s.mu.livePages)
+	}
+	var tStored, tReserved, tBlocks int64
+	for _, t := range s.mu.tenants {
+		tStored, tReserved, tBlocks = tStored+t.storedBytes, tReserved+t.reservedBytes, tBlocks+t.blocks
+		if int64(t.policy.Len()) != t.blocks {
+			return fmt.Errorf("tenant %s: policy holds %d blocks, books say %d", t.name, t.policy.Len(), t.blocks)
+		}
+	}
+	var resBytes int64
+	for _, r := range s.mu.res {
+		resBytes += r.size
+	}
+	if tStored != int64(stored) || tReserved != resBytes || tBlocks != int64(live) {
+		return fmt.Errorf("tenants: %d bytes stored, %d reserved, %d blocks; store: %d, %d, %d", tStored, tReserved, tBlocks, stored, resBytes, live)
 	}
 	if used := uint64(s.mu.alloc.pages) - s.mu.alloc.freePages; used != pages+s.mu.reservedPages {
 		return fmt.Errorf("allocator uses %d pages; blocks hold %d and reservations %d", used, pages, s.mu.reservedPages)

@@ -339,7 +339,8 @@ func TestConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "node.yaml")
 	os.WriteFile(good, []byte("capacity: 32MiB\npage_size: 8KiB\nmax_block_size: 4MiB\nreservation_timeout: 10s\n"+
-		"transport: grpc\ntransfer_conns: 3\nfetch_timeout: 2s\nlink_seed_rate: 100MB\n"), 0o644)
+		"transport: grpc\ntransfer_conns: 3\nfetch_timeout: 2s\nlink_seed_rate: 100MB\n"+
+		"default_policy: fifo\nhigh_watermark: 0.8\nlow_watermark: 0.6\nlease_default: 5s\nlease_max: 30s\n"), 0o644)
 	s := startServe(t, "--config", good)
 	r := mustOK(t, kv(t, nil, "stats", "--server", s.addr, "--json"))
 	if !strings.Contains(r.stdout, `"capacity_bytes": 33554432`) || !strings.Contains(r.stdout, `"page_bytes": 8192`) {

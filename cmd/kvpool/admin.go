@@ -19,16 +19,16 @@ import (
 func adminCmd(e *env) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "admin",
-		Short: "Ask a daemon about the cluster: nodes, block locality, blocks, stats",
+		Short: "Ask a daemon about the cluster: nodes, block locality, blocks, stats, links, tenant policies",
 		Long: `admin asks any daemon (--server) about the whole cluster. Answers come from the
 daemon's mirror of etcd (where every block is) and from gossip (which nodes are
 alive, and their load). Tables by default, --json for machines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{error: fmt.Errorf("admin needs a subcommand: nodes, locate, blocks or stats")}
+			return usageError{error: fmt.Errorf("admin needs a subcommand: nodes, locate, blocks, stats, links or policy")}
 		},
 	}
-	c.AddCommand(adminNodesCmd(e), adminLocateCmd(e), adminBlocksCmd(e), adminStatsCmd(e), adminLinksCmd(e))
+	c.AddCommand(adminNodesCmd(e), adminLocateCmd(e), adminBlocksCmd(e), adminStatsCmd(e), adminLinksCmd(e), adminPolicyCmd(e))
 	return c
 }
 
@@ -313,9 +313,11 @@ func adminStatsCmd(e *env) *cobra.Command {
 						"published_batches": r.GetPublishedBatches(), "published_records": r.GetPublishedRecords(),
 						"published_snapshots": r.GetPublishedSnapshots(), "publish_failures": r.GetPublishFailures(),
 						"publish_queued": r.GetPublishQueued(), "answered_by": r.GetAnsweredBy(),
+						"tenants": tenantsJSON(r.GetTenants()),
 					})
 				}
 				printClusterStats(e.stdout, r)
+				printTenants(e.stdout, r.GetAnsweredBy(), r.GetTenants())
 				return nil
 			})
 		},

@@ -242,6 +242,7 @@ it prints the block's size and checksum instead, and the bytes in base64 unless
 func locateCmd(e *env) *cobra.Command {
 	var f clientFlags
 	var keys []string
+	var lease time.Duration
 	c := &cobra.Command{
 		Use:     "locate",
 		Short:   "Count how many leading blocks of a prefix chain the node holds",
@@ -252,21 +253,32 @@ func locateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if lease < 0 {
+				return usageError{error: fmt.Errorf("--lease %v must not be negative", lease)}
+			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				n, err := c.Locate(ctx, f.tenant, f.namespace, chain)
+				n, until, err := c.LocateLease(ctx, f.tenant, f.namespace, chain, lease)
 				if err != nil {
 					return err
 				}
 				if f.asJSON {
-					return printJSON(e.stdout, map[string]any{"node_id": c.Info().GetNodeId(), "chain_blocks": len(chain), "prefix_blocks": n})
+					out := map[string]any{"node_id": c.Info().GetNodeId(), "chain_blocks": len(chain), "prefix_blocks": n}
+					if !until.IsZero() {
+						out["lease_until"] = until.UTC().Format(time.RFC3339Nano)
+					}
+					return printJSON(e.stdout, out)
 				}
 				fmt.Fprintf(e.stdout, "node %s holds %d of %d leading blocks\n", c.Info().GetNodeId(), n, len(chain))
+				if !until.IsZero() {
+					fmt.Fprintf(e.stdout, "leased until %s: not evicted, and removed only with --force, until then\n", until.UTC().Format(time.RFC3339))
+				}
 				return nil
 			})
 		},
 	}
 	f.register(c, true)
 	c.Flags().StringSliceVar(&keys, "keys", nil, "the chain's keys, block 0 first, comma-separated (required)")
+	c.Flags().DurationVar(&lease, "lease", 0, "also take a read lease of this long on the blocks held (capped by the node's maximum)")
 	return c
 }
 
@@ -316,6 +328,7 @@ func displayKey(k []byte, asHex bool) string {
 func removeCmd(e *env) *cobra.Command {
 	var f clientFlags
 	var key string
+	var force bool
 	c := &cobra.Command{
 		Use:   "remove",
 		Short: "Delete one block",
@@ -327,7 +340,11 @@ func removeCmd(e *env) *cobra.Command {
 			}
 			k := bk.Key
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				if err := c.Remove(ctx, bk); err != nil {
+				remove := c.Remove
+				if force {
+					remove = c.RemoveForce
+				}
+				if err := remove(ctx, bk); err != nil {
 					return err
 				}
 				if f.asJSON {
@@ -378,6 +395,10 @@ func statsCmd(e *env) *cobra.Command {
 					}
 					w.Flush()
 				}
+				if len(st.GetTenants()) > 0 {
+					fmt.Fprintln(e.stdout)
+					printTenants(e.stdout, st.GetNodeId(), st.GetTenants())
+				}
 				return nil
 			})
 		},
@@ -408,6 +429,8 @@ func statsJSON(st *kvpoolv1.StatsResponse) map[string]any {
 		"internal_fragmentation": st.GetInternalFragmentation(),
 		"memory_locked":          st.GetMemoryLocked(),
 		"namespaces":             ns,
+		"tenants":                tenantsJSON(st.GetTenants()),
+		"leased_blocks":          st.GetLeasedBlocks(),
 	}
 }
 

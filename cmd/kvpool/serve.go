@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvpool/kvpool/eviction"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/transfer"
@@ -25,37 +26,43 @@ import (
 // the flags, in snake_case. Sizes are strings such as "8GiB", durations
 // strings such as "30s". Flags given on the command line win.
 type fileConfig struct {
-	NodeID             string `json:"node_id"`
-	Listen             string `json:"listen"`
-	MetricsListen      string `json:"metrics_listen"`
-	Capacity           string `json:"capacity"`
-	PageSize           string `json:"page_size"`
-	MaxBlockSize       string `json:"max_block_size"`
-	LockMemory         *bool  `json:"lock_memory"`
-	SegmentPath        string `json:"segment_path"`
-	ShmSocket          string `json:"shm_socket"`
-	NoShm              *bool  `json:"no_shm"`
-	ReservationTimeout string `json:"reservation_timeout"`
-	IOTimeout          string `json:"io_timeout"`
-	IdleTimeout        string `json:"idle_timeout"`
-	MaxNamespaces      int    `json:"max_namespaces"`
-	LogLevel           string `json:"log_level"`
-	LogFormat          string `json:"log_format"`
-	EtcdEndpoints      string `json:"etcd_endpoints"`
-	DataDir            string `json:"data_dir"`
-	EmbeddedEtcdListen string `json:"embedded_etcd_listen"`
-	Standalone         *bool  `json:"standalone"`
-	GossipListen       string `json:"gossip_listen"`
-	Advertise          string `json:"advertise"`
-	Zone               string `json:"zone"`
-	LeaseTTL           string `json:"lease_ttl"`
-	Transport          string `json:"transport"`
-	TransferConns      int    `json:"transfer_conns"`
-	FetchTimeout       string `json:"fetch_timeout"`
-	LinkSeedRate       string `json:"link_seed_rate"`
-	Model              string `json:"model"`
-	Accelerator        string `json:"accelerator"`
-	BlockTokens        int    `json:"block_tokens"`
+	NodeID             string  `json:"node_id"`
+	Listen             string  `json:"listen"`
+	MetricsListen      string  `json:"metrics_listen"`
+	Capacity           string  `json:"capacity"`
+	PageSize           string  `json:"page_size"`
+	MaxBlockSize       string  `json:"max_block_size"`
+	LockMemory         *bool   `json:"lock_memory"`
+	SegmentPath        string  `json:"segment_path"`
+	ShmSocket          string  `json:"shm_socket"`
+	NoShm              *bool   `json:"no_shm"`
+	ReservationTimeout string  `json:"reservation_timeout"`
+	IOTimeout          string  `json:"io_timeout"`
+	IdleTimeout        string  `json:"idle_timeout"`
+	MaxNamespaces      int     `json:"max_namespaces"`
+	LogLevel           string  `json:"log_level"`
+	LogFormat          string  `json:"log_format"`
+	EtcdEndpoints      string  `json:"etcd_endpoints"`
+	DataDir            string  `json:"data_dir"`
+	EmbeddedEtcdListen string  `json:"embedded_etcd_listen"`
+	Standalone         *bool   `json:"standalone"`
+	GossipListen       string  `json:"gossip_listen"`
+	Advertise          string  `json:"advertise"`
+	Zone               string  `json:"zone"`
+	LeaseTTL           string  `json:"lease_ttl"`
+	Transport          string  `json:"transport"`
+	TransferConns      int     `json:"transfer_conns"`
+	FetchTimeout       string  `json:"fetch_timeout"`
+	LinkSeedRate       string  `json:"link_seed_rate"`
+	Model              string  `json:"model"`
+	Accelerator        string  `json:"accelerator"`
+	BlockTokens        int     `json:"block_tokens"`
+	DefaultPolicy      string  `json:"default_policy"`
+	HighWatermark      float64 `json:"high_watermark"`
+	LowWatermark       float64 `json:"low_watermark"`
+	DisableEviction    *bool   `json:"disable_eviction"`
+	LeaseDefault       string  `json:"lease_default"`
+	LeaseMax           string  `json:"lease_max"`
 	// Profiles are files of models and curves; Models and Curves inline.
 	Profiles []string     `json:"profiles"`
 	Models   []cost.Model `json:"models"`
@@ -96,6 +103,11 @@ type serveFlags struct {
 	accel      string
 	blockTok   int
 	profiles   []string
+	defPolicy  string
+	high, low  float64
+	noEvict    bool
+	leaseDef   time.Duration
+	leaseMax   time.Duration
 }
 
 func serveCmd(e *env) *cobra.Command {
@@ -184,6 +196,12 @@ gracefully.`,
 	fl.StringVar(&f.transport, "transport", "tcp", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)")
 	fl.IntVar(&f.xferConns, "transfer-conns", 2, "tcp transport: connections per peer that one transfer is striped over")
 	fl.DurationVar(&f.fetchTO, "fetch-timeout", time.Second, "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable")
+	fl.StringVar(&f.defPolicy, "default-policy", "lru", "eviction policy of tenants without a stored one: lru, lfu, fifo, ttl or prefix-lru")
+	fl.Float64Var(&f.high, "high-watermark", 0.95, "arena fraction past which the node evicts (over-quota tenants and tenants without a quota first)")
+	fl.Float64Var(&f.low, "low-watermark", 0.90, "arena fraction the node evicts down to")
+	fl.BoolVar(&f.noEvict, "disable-eviction", false, "never evict: puts fail with ResourceExhausted when a quota or the arena is full")
+	fl.DurationVar(&f.leaseDef, "lease-default", 10*time.Second, "read lease length when a caller asks for one without saying")
+	fl.DurationVar(&f.leaseMax, "lease-max", time.Minute, "longest read lease a caller may take")
 	fl.StringVar(&f.model, "model", "llama3-8b", "model profile plans assume when a request names none")
 	fl.StringVar(&f.accel, "accelerator", cost.DefaultAccelerator, "this node's engine hardware; picks its prefill curves and is published to the cluster")
 	fl.IntVar(&f.blockTok, "block-tokens", 16, "tokens per chain key, for plans that do not say")
@@ -263,6 +281,20 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 	str("transport", &f.transport, fc.Transport)
 	dur("fetch-timeout", &f.fetchTO, fc.FetchTimeout)
 	size("link-seed-rate", &f.seedRate, fc.LinkSeedRate)
+	str("default-policy", &f.defPolicy, fc.DefaultPolicy)
+	if !set("high-watermark") && fc.HighWatermark != 0 {
+		f.high = fc.HighWatermark
+	}
+	if !set("low-watermark") && fc.LowWatermark != 0 {
+		f.low = fc.LowWatermark
+	}
+	boolean("disable-eviction", &f.noEvict, fc.DisableEviction)
+	dur("lease-default", &f.leaseDef, fc.LeaseDefault)
+	dur("lease-max", &f.leaseMax, fc.LeaseMax)
+	defKind, err := eviction.ParseKind(f.defPolicy)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--default-policy: %w", err))
+	}
 	str("model", &f.model, fc.Model)
 	str("accelerator", &f.accel, fc.Accelerator)
 	if !set("block-tokens") && fc.BlockTokens != 0 {
@@ -326,6 +358,12 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 		TransferConns:      f.xferConns,
 		FetchTimeout:       f.fetchTO,
 		Links:              transfer.LinkConfig{SeedBytesPerSecond: float64(f.seedRate)},
+		DefaultTenant:      eviction.TenantConfig{Policy: defKind},
+		HighWatermark:      f.high,
+		LowWatermark:       f.low,
+		DisableEviction:    f.noEvict,
+		LeaseDefault:       f.leaseDef,
+		LeaseMax:           f.leaseMax,
 		Model:              f.model,
 		Accelerator:        f.accel,
 		BlockTokens:        f.blockTok,

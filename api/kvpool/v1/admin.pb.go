@@ -24,6 +24,435 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TenantPolicy is how one tenant's blocks are kept on every node.
+type TenantPolicy struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// lru, lfu (TinyLFU admission), fifo, ttl or prefix-lru.
+	Policy string `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	// Per node: the most the tenant may store, and also what node-wide
+	// pressure never evicts it below. 0 means no quota: no cap and no
+	// guarantee.
+	QuotaBytes int64 `protobuf:"varint,3,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
+	// Fractions of the quota: past high the tenant evicts down to low.
+	// Defaults 0.95 and 0.85; 0 < low ≤ high ≤ 1.
+	HighWatermark float64 `protobuf:"fixed64,4,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
+	LowWatermark  float64 `protobuf:"fixed64,5,opt,name=low_watermark,json=lowWatermark,proto3" json:"low_watermark,omitempty"`
+	// Blocks expire this long after they are stored; 0 means never.
+	DefaultTtlSeconds float64 `protobuf:"fixed64,6,opt,name=default_ttl_seconds,json=defaultTtlSeconds,proto3" json:"default_ttl_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *TenantPolicy) Reset() {
+	*x = TenantPolicy{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantPolicy) ProtoMessage() {}
+
+func (x *TenantPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantPolicy.ProtoReflect.Descriptor instead.
+func (*TenantPolicy) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TenantPolicy) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantPolicy) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *TenantPolicy) GetQuotaBytes() int64 {
+	if x != nil {
+		return x.QuotaBytes
+	}
+	return 0
+}
+
+func (x *TenantPolicy) GetHighWatermark() float64 {
+	if x != nil {
+		return x.HighWatermark
+	}
+	return 0
+}
+
+func (x *TenantPolicy) GetLowWatermark() float64 {
+	if x != nil {
+		return x.LowWatermark
+	}
+	return 0
+}
+
+func (x *TenantPolicy) GetDefaultTtlSeconds() float64 {
+	if x != nil {
+		return x.DefaultTtlSeconds
+	}
+	return 0
+}
+
+type SetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *TenantPolicy          `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPolicyRequest) Reset() {
+	*x = SetPolicyRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPolicyRequest) ProtoMessage() {}
+
+func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetPolicyRequest) GetPolicy() *TenantPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type SetPolicyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As stored, defaults filled in.
+	Policy        *TenantPolicy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPolicyResponse) Reset() {
+	*x = SetPolicyResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPolicyResponse) ProtoMessage() {}
+
+func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
+func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetPolicyResponse) GetPolicy() *TenantPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type GetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPolicyRequest) Reset() {
+	*x = GetPolicyRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPolicyRequest) ProtoMessage() {}
+
+func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetPolicyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type GetPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *TenantPolicy          `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPolicyResponse) Reset() {
+	*x = GetPolicyResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPolicyResponse) ProtoMessage() {}
+
+func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPolicyResponse.ProtoReflect.Descriptor instead.
+func (*GetPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetPolicyResponse) GetPolicy() *TenantPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type ListPoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesRequest) Reset() {
+	*x = ListPoliciesRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesRequest) ProtoMessage() {}
+
+func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+type ListPoliciesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policies      []*TenantPolicy        `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesResponse) Reset() {
+	*x = ListPoliciesResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesResponse) ProtoMessage() {}
+
+func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListPoliciesResponse) GetPolicies() []*TenantPolicy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+type DeletePolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeletePolicyRequest) Reset() {
+	*x = DeletePolicyRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeletePolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeletePolicyRequest) ProtoMessage() {}
+
+func (x *DeletePolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeletePolicyRequest.ProtoReflect.Descriptor instead.
+func (*DeletePolicyRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeletePolicyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type DeletePolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeletePolicyResponse) Reset() {
+	*x = DeletePolicyResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeletePolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeletePolicyResponse) ProtoMessage() {}
+
+func (x *DeletePolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeletePolicyResponse.ProtoReflect.Descriptor instead.
+func (*DeletePolicyResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -32,7 +461,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +473,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +486,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 type NodeStatus struct {
@@ -88,7 +517,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -100,7 +529,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -113,7 +542,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -225,7 +654,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +666,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +679,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -278,7 +707,7 @@ type ClusterLocateRequest struct {
 
 func (x *ClusterLocateRequest) Reset() {
 	*x = ClusterLocateRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +719,7 @@ func (x *ClusterLocateRequest) String() string {
 func (*ClusterLocateRequest) ProtoMessage() {}
 
 func (x *ClusterLocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +732,7 @@ func (x *ClusterLocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterLocateRequest.ProtoReflect.Descriptor instead.
 func (*ClusterLocateRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ClusterLocateRequest) GetTenant() string {
@@ -337,7 +766,7 @@ type NodePrefix struct {
 
 func (x *NodePrefix) Reset() {
 	*x = NodePrefix{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +778,7 @@ func (x *NodePrefix) String() string {
 func (*NodePrefix) ProtoMessage() {}
 
 func (x *NodePrefix) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +791,7 @@ func (x *NodePrefix) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePrefix.ProtoReflect.Descriptor instead.
 func (*NodePrefix) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodePrefix) GetNodeId() string {
@@ -395,7 +824,7 @@ type ClusterLocateResponse struct {
 
 func (x *ClusterLocateResponse) Reset() {
 	*x = ClusterLocateResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +836,7 @@ func (x *ClusterLocateResponse) String() string {
 func (*ClusterLocateResponse) ProtoMessage() {}
 
 func (x *ClusterLocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +849,7 @@ func (x *ClusterLocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterLocateResponse.ProtoReflect.Descriptor instead.
 func (*ClusterLocateResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClusterLocateResponse) GetChainBlocks() uint32 {
@@ -476,7 +905,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +917,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +930,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListBlocksRequest) GetNodeId() string {
@@ -529,7 +958,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +970,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +983,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BlockRef) GetTenant() string {
@@ -589,7 +1018,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +1030,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +1043,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListBlocksResponse) GetBlocks() []*BlockRef {
@@ -639,7 +1068,7 @@ type ClusterStatsRequest struct {
 
 func (x *ClusterStatsRequest) Reset() {
 	*x = ClusterStatsRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +1080,7 @@ func (x *ClusterStatsRequest) String() string {
 func (*ClusterStatsRequest) ProtoMessage() {}
 
 func (x *ClusterStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1093,7 @@ func (x *ClusterStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatsRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 type ClusterStatsResponse struct {
@@ -687,13 +1116,16 @@ type ClusterStatsResponse struct {
 	PublishFailures    uint64 `protobuf:"varint,14,opt,name=publish_failures,json=publishFailures,proto3" json:"publish_failures,omitempty"`
 	PublishQueued      uint64 `protobuf:"varint,15,opt,name=publish_queued,json=publishQueued,proto3" json:"publish_queued,omitempty"`
 	AnsweredBy         string `protobuf:"bytes,16,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The answering daemon's tenants: usage, hits, misses and evictions
+	// on that node (`kvpool stats --server` asks any other).
+	Tenants       []*TenantStats `protobuf:"bytes,17,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatsResponse) Reset() {
 	*x = ClusterStatsResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +1137,7 @@ func (x *ClusterStatsResponse) String() string {
 func (*ClusterStatsResponse) ProtoMessage() {}
 
 func (x *ClusterStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +1150,7 @@ func (x *ClusterStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatsResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClusterStatsResponse) GetNodes() uint32 {
@@ -833,6 +1265,13 @@ func (x *ClusterStatsResponse) GetAnsweredBy() string {
 	return ""
 }
 
+func (x *ClusterStatsResponse) GetTenants() []*TenantStats {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
 type ListLinksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -841,7 +1280,7 @@ type ListLinksRequest struct {
 
 func (x *ListLinksRequest) Reset() {
 	*x = ListLinksRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +1292,7 @@ func (x *ListLinksRequest) String() string {
 func (*ListLinksRequest) ProtoMessage() {}
 
 func (x *ListLinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +1305,7 @@ func (x *ListLinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLinksRequest.ProtoReflect.Descriptor instead.
 func (*ListLinksRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 type LinkStatus struct {
@@ -886,7 +1325,7 @@ type LinkStatus struct {
 
 func (x *LinkStatus) Reset() {
 	*x = LinkStatus{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1337,7 @@ func (x *LinkStatus) String() string {
 func (*LinkStatus) ProtoMessage() {}
 
 func (x *LinkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1350,7 @@ func (x *LinkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
 func (*LinkStatus) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LinkStatus) GetPeer() string {
@@ -974,7 +1413,7 @@ type ListLinksResponse struct {
 
 func (x *ListLinksResponse) Reset() {
 	*x = ListLinksResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1425,7 @@ func (x *ListLinksResponse) String() string {
 func (*ListLinksResponse) ProtoMessage() {}
 
 func (x *ListLinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1438,7 @@ func (x *ListLinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLinksResponse.ProtoReflect.Descriptor instead.
 func (*ListLinksResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListLinksResponse) GetNodeId() string {
@@ -1027,7 +1466,29 @@ var File_kvpool_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\"\x12\n" +
+	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\x1a\x16kvpool/v1/kvpool.proto\"\xdb\x01\n" +
+	"\fTenantPolicy\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +
+	"\vquota_bytes\x18\x03 \x01(\x03R\n" +
+	"quotaBytes\x12%\n" +
+	"\x0ehigh_watermark\x18\x04 \x01(\x01R\rhighWatermark\x12#\n" +
+	"\rlow_watermark\x18\x05 \x01(\x01R\flowWatermark\x12.\n" +
+	"\x13default_ttl_seconds\x18\x06 \x01(\x01R\x11defaultTtlSeconds\"C\n" +
+	"\x10SetPolicyRequest\x12/\n" +
+	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"D\n" +
+	"\x11SetPolicyResponse\x12/\n" +
+	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"*\n" +
+	"\x10GetPolicyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"D\n" +
+	"\x11GetPolicyResponse\x12/\n" +
+	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"\x15\n" +
+	"\x13ListPoliciesRequest\"K\n" +
+	"\x14ListPoliciesResponse\x123\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x17.kvpool.v1.TenantPolicyR\bpolicies\"-\n" +
+	"\x13DeletePolicyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x16\n" +
+	"\x14DeletePolicyResponse\"\x12\n" +
 	"\x10ListNodesRequest\"\xb6\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x17\n" +
@@ -1082,7 +1543,7 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x12ListBlocksResponse\x12+\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x13.kvpool.v1.BlockRefR\x06blocks\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x04R\x05total\"\x15\n" +
-	"\x13ClusterStatsRequest\"\x8a\x05\n" +
+	"\x13ClusterStatsRequest\"\xbc\x05\n" +
 	"\x14ClusterStatsResponse\x12\x14\n" +
 	"\x05nodes\x18\x01 \x01(\rR\x05nodes\x12\x1d\n" +
 	"\n" +
@@ -1103,7 +1564,8 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x10publish_failures\x18\x0e \x01(\x04R\x0fpublishFailures\x12%\n" +
 	"\x0epublish_queued\x18\x0f \x01(\x04R\rpublishQueued\x12\x1f\n" +
 	"\vanswered_by\x18\x10 \x01(\tR\n" +
-	"answeredBy\"\x12\n" +
+	"answeredBy\x120\n" +
+	"\atenants\x18\x11 \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\"\x12\n" +
 	"\x10ListLinksRequest\"\xf2\x01\n" +
 	"\n" +
 	"LinkStatus\x12\x12\n" +
@@ -1119,14 +1581,18 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x11ListLinksResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12+\n" +
-	"\x05links\x18\x03 \x03(\v2\x15.kvpool.v1.LinkStatusR\x05links2\x8e\x03\n" +
+	"\x05links\x18\x03 \x03(\v2\x15.kvpool.v1.LinkStatusR\x05links2\xc0\x05\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.kvpool.v1.ListNodesRequest\x1a\x1c.kvpool.v1.ListNodesResponse\x12R\n" +
 	"\rClusterLocate\x12\x1f.kvpool.v1.ClusterLocateRequest\x1a .kvpool.v1.ClusterLocateResponse\x12I\n" +
 	"\n" +
 	"ListBlocks\x12\x1c.kvpool.v1.ListBlocksRequest\x1a\x1d.kvpool.v1.ListBlocksResponse\x12O\n" +
 	"\fClusterStats\x12\x1e.kvpool.v1.ClusterStatsRequest\x1a\x1f.kvpool.v1.ClusterStatsResponse\x12F\n" +
-	"\tListLinks\x12\x1b.kvpool.v1.ListLinksRequest\x1a\x1c.kvpool.v1.ListLinksResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\tListLinks\x12\x1b.kvpool.v1.ListLinksRequest\x1a\x1c.kvpool.v1.ListLinksResponse\x12F\n" +
+	"\tSetPolicy\x12\x1b.kvpool.v1.SetPolicyRequest\x1a\x1c.kvpool.v1.SetPolicyResponse\x12F\n" +
+	"\tGetPolicy\x12\x1b.kvpool.v1.GetPolicyRequest\x1a\x1c.kvpool.v1.GetPolicyResponse\x12O\n" +
+	"\fListPolicies\x12\x1e.kvpool.v1.ListPoliciesRequest\x1a\x1f.kvpool.v1.ListPoliciesResponse\x12O\n" +
+	"\fDeletePolicy\x12\x1e.kvpool.v1.DeletePolicyRequest\x1a\x1f.kvpool.v1.DeletePolicyResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_admin_proto_rawDescOnce sync.Once
@@ -1140,45 +1606,68 @@ func file_kvpool_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_admin_proto_rawDescData
 }
 
-var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_kvpool_v1_admin_proto_goTypes = []any{
-	(*ListNodesRequest)(nil),      // 0: kvpool.v1.ListNodesRequest
-	(*NodeStatus)(nil),            // 1: kvpool.v1.NodeStatus
-	(*ListNodesResponse)(nil),     // 2: kvpool.v1.ListNodesResponse
-	(*ClusterLocateRequest)(nil),  // 3: kvpool.v1.ClusterLocateRequest
-	(*NodePrefix)(nil),            // 4: kvpool.v1.NodePrefix
-	(*ClusterLocateResponse)(nil), // 5: kvpool.v1.ClusterLocateResponse
-	(*ListBlocksRequest)(nil),     // 6: kvpool.v1.ListBlocksRequest
-	(*BlockRef)(nil),              // 7: kvpool.v1.BlockRef
-	(*ListBlocksResponse)(nil),    // 8: kvpool.v1.ListBlocksResponse
-	(*ClusterStatsRequest)(nil),   // 9: kvpool.v1.ClusterStatsRequest
-	(*ClusterStatsResponse)(nil),  // 10: kvpool.v1.ClusterStatsResponse
-	(*ListLinksRequest)(nil),      // 11: kvpool.v1.ListLinksRequest
-	(*LinkStatus)(nil),            // 12: kvpool.v1.LinkStatus
-	(*ListLinksResponse)(nil),     // 13: kvpool.v1.ListLinksResponse
-	nil,                           // 14: kvpool.v1.NodeStatus.AddrsEntry
+	(*TenantPolicy)(nil),          // 0: kvpool.v1.TenantPolicy
+	(*SetPolicyRequest)(nil),      // 1: kvpool.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),     // 2: kvpool.v1.SetPolicyResponse
+	(*GetPolicyRequest)(nil),      // 3: kvpool.v1.GetPolicyRequest
+	(*GetPolicyResponse)(nil),     // 4: kvpool.v1.GetPolicyResponse
+	(*ListPoliciesRequest)(nil),   // 5: kvpool.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 6: kvpool.v1.ListPoliciesResponse
+	(*DeletePolicyRequest)(nil),   // 7: kvpool.v1.DeletePolicyRequest
+	(*DeletePolicyResponse)(nil),  // 8: kvpool.v1.DeletePolicyResponse
+	(*ListNodesRequest)(nil),      // 9: kvpool.v1.ListNodesRequest
+	(*NodeStatus)(nil),            // 10: kvpool.v1.NodeStatus
+	(*ListNodesResponse)(nil),     // 11: kvpool.v1.ListNodesResponse
+	(*ClusterLocateRequest)(nil),  // 12: kvpool.v1.ClusterLocateRequest
+	(*NodePrefix)(nil),            // 13: kvpool.v1.NodePrefix
+	(*ClusterLocateResponse)(nil), // 14: kvpool.v1.ClusterLocateResponse
+	(*ListBlocksRequest)(nil),     // 15: kvpool.v1.ListBlocksRequest
+	(*BlockRef)(nil),              // 16: kvpool.v1.BlockRef
+	(*ListBlocksResponse)(nil),    // 17: kvpool.v1.ListBlocksResponse
+	(*ClusterStatsRequest)(nil),   // 18: kvpool.v1.ClusterStatsRequest
+	(*ClusterStatsResponse)(nil),  // 19: kvpool.v1.ClusterStatsResponse
+	(*ListLinksRequest)(nil),      // 20: kvpool.v1.ListLinksRequest
+	(*LinkStatus)(nil),            // 21: kvpool.v1.LinkStatus
+	(*ListLinksResponse)(nil),     // 22: kvpool.v1.ListLinksResponse
+	nil,                           // 23: kvpool.v1.NodeStatus.AddrsEntry
+	(*TenantStats)(nil),           // 24: kvpool.v1.TenantStats
 }
 var file_kvpool_v1_admin_proto_depIdxs = []int32{
-	14, // 0: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
-	1,  // 1: kvpool.v1.ListNodesResponse.nodes:type_name -> kvpool.v1.NodeStatus
-	4,  // 2: kvpool.v1.ClusterLocateResponse.nodes:type_name -> kvpool.v1.NodePrefix
-	7,  // 3: kvpool.v1.ListBlocksResponse.blocks:type_name -> kvpool.v1.BlockRef
-	12, // 4: kvpool.v1.ListLinksResponse.links:type_name -> kvpool.v1.LinkStatus
-	0,  // 5: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
-	3,  // 6: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
-	6,  // 7: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
-	9,  // 8: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
-	11, // 9: kvpool.v1.AdminService.ListLinks:input_type -> kvpool.v1.ListLinksRequest
-	2,  // 10: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
-	5,  // 11: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
-	8,  // 12: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
-	10, // 13: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
-	13, // 14: kvpool.v1.AdminService.ListLinks:output_type -> kvpool.v1.ListLinksResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	0,  // 0: kvpool.v1.SetPolicyRequest.policy:type_name -> kvpool.v1.TenantPolicy
+	0,  // 1: kvpool.v1.SetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
+	0,  // 2: kvpool.v1.GetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
+	0,  // 3: kvpool.v1.ListPoliciesResponse.policies:type_name -> kvpool.v1.TenantPolicy
+	23, // 4: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
+	10, // 5: kvpool.v1.ListNodesResponse.nodes:type_name -> kvpool.v1.NodeStatus
+	13, // 6: kvpool.v1.ClusterLocateResponse.nodes:type_name -> kvpool.v1.NodePrefix
+	16, // 7: kvpool.v1.ListBlocksResponse.blocks:type_name -> kvpool.v1.BlockRef
+	24, // 8: kvpool.v1.ClusterStatsResponse.tenants:type_name -> kvpool.v1.TenantStats
+	21, // 9: kvpool.v1.ListLinksResponse.links:type_name -> kvpool.v1.LinkStatus
+	9,  // 10: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
+	12, // 11: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
+	15, // 12: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
+	18, // 13: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
+	20, // 14: kvpool.v1.AdminService.ListLinks:input_type -> kvpool.v1.ListLinksRequest
+	1,  // 15: kvpool.v1.AdminService.SetPolicy:input_type -> kvpool.v1.SetPolicyRequest
+	3,  // 16: kvpool.v1.AdminService.GetPolicy:input_type -> kvpool.v1.GetPolicyRequest
+	5,  // 17: kvpool.v1.AdminService.ListPolicies:input_type -> kvpool.v1.ListPoliciesRequest
+	7,  // 18: kvpool.v1.AdminService.DeletePolicy:input_type -> kvpool.v1.DeletePolicyRequest
+	11, // 19: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
+	14, // 20: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
+	17, // 21: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
+	19, // 22: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
+	22, // 23: kvpool.v1.AdminService.ListLinks:output_type -> kvpool.v1.ListLinksResponse
+	2,  // 24: kvpool.v1.AdminService.SetPolicy:output_type -> kvpool.v1.SetPolicyResponse
+	4,  // 25: kvpool.v1.AdminService.GetPolicy:output_type -> kvpool.v1.GetPolicyResponse
+	6,  // 26: kvpool.v1.AdminService.ListPolicies:output_type -> kvpool.v1.ListPoliciesResponse
+	8,  // 27: kvpool.v1.AdminService.DeletePolicy:output_type -> kvpool.v1.DeletePolicyResponse
+	19, // [19:28] is the sub-list for method output_type
+	10, // [10:19] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_admin_proto_init() }
@@ -1186,13 +1675,14 @@ func file_kvpool_v1_admin_proto_init() {
 	if File_kvpool_v1_admin_proto != nil {
 		return
 	}
+	file_kvpool_v1_kvpool_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_admin_proto_rawDesc), len(file_kvpool_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

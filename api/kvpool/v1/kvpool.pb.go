@@ -319,7 +319,11 @@ type GetRequest struct {
 	Key   *BlockKey              `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// Largest chunk the client wants per message; 0 means the node's default
 	// (1 MiB). Clamped to [4 KiB, 4 MiB].
-	ChunkBytes    uint32 `protobuf:"varint,2,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	ChunkBytes uint32 `protobuf:"varint,2,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	// Take a read lease on the block: it is not evicted, and Remove fails
+	// unless forced, until the lease ends. 0 means no lease; a value above
+	// the node's maximum is clamped to it.
+	LeaseMs       uint32 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -364,6 +368,13 @@ func (x *GetRequest) GetKey() *BlockKey {
 func (x *GetRequest) GetChunkBytes() uint32 {
 	if x != nil {
 		return x.ChunkBytes
+	}
+	return 0
+}
+
+func (x *GetRequest) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
 	}
 	return 0
 }
@@ -1038,7 +1049,10 @@ type LocateRequest struct {
 	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// The chain, block 0 first.
-	Keys          [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Take a read lease on the blocks of the prefix this node holds (see
+	// GetRequest.lease_ms). 0 means no lease.
+	LeaseMs       uint32 `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1094,13 +1108,22 @@ func (x *LocateRequest) GetKeys() [][]byte {
 	return nil
 }
 
+func (x *LocateRequest) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
 type LocateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many leading keys of the chain this node holds.
-	PrefixBlocks  uint32 `protobuf:"varint,1,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
-	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PrefixBlocks uint32 `protobuf:"varint,1,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
+	NodeId       string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// When the lease ends, in Unix milliseconds; 0 without one.
+	LeaseUntilUnixMs int64 `protobuf:"varint,3,opt,name=lease_until_unix_ms,json=leaseUntilUnixMs,proto3" json:"lease_until_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LocateResponse) Reset() {
@@ -1147,9 +1170,18 @@ func (x *LocateResponse) GetNodeId() string {
 	return ""
 }
 
+func (x *LocateResponse) GetLeaseUntilUnixMs() int64 {
+	if x != nil {
+		return x.LeaseUntilUnixMs
+	}
+	return 0
+}
+
 type RemoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *BlockKey              `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   *BlockKey              `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Remove even a block under a read lease (FailedPrecondition otherwise).
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1189,6 +1221,13 @@ func (x *RemoveRequest) GetKey() *BlockKey {
 		return x.Key
 	}
 	return nil
+}
+
+func (x *RemoveRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RemoveResponse struct {
@@ -1355,8 +1394,11 @@ type StatsResponse struct {
 	InternalFragmentation float64           `protobuf:"fixed64,12,opt,name=internal_fragmentation,json=internalFragmentation,proto3" json:"internal_fragmentation,omitempty"`
 	MemoryLocked          bool              `protobuf:"varint,13,opt,name=memory_locked,json=memoryLocked,proto3" json:"memory_locked,omitempty"`
 	Namespaces            []*NamespaceStats `protobuf:"bytes,14,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	Tenants               []*TenantStats    `protobuf:"bytes,15,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// Blocks under a read lease.
+	LeasedBlocks  uint64 `protobuf:"varint,16,opt,name=leased_blocks,json=leasedBlocks,proto3" json:"leased_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1487,6 +1529,148 @@ func (x *StatsResponse) GetNamespaces() []*NamespaceStats {
 	return nil
 }
 
+func (x *StatsResponse) GetTenants() []*TenantStats {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *StatsResponse) GetLeasedBlocks() uint64 {
+	if x != nil {
+		return x.LeasedBlocks
+	}
+	return 0
+}
+
+// TenantStats is one tenant's use of a node and what its policy did.
+type TenantStats struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Tenant      string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Policy      string                 `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	QuotaBytes  int64                  `protobuf:"varint,3,opt,name=quota_bytes,json=quotaBytes,proto3" json:"quota_bytes,omitempty"`
+	StoredBytes uint64                 `protobuf:"varint,4,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	Blocks      uint64                 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Hits        uint64                 `protobuf:"varint,6,opt,name=hits,proto3" json:"hits,omitempty"`
+	Misses      uint64                 `protobuf:"varint,7,opt,name=misses,proto3" json:"misses,omitempty"`
+	// Blocks evicted for the tenant's quota, for node-wide pressure, and
+	// expired by TTL.
+	QuotaEvictions    uint64 `protobuf:"varint,8,opt,name=quota_evictions,json=quotaEvictions,proto3" json:"quota_evictions,omitempty"`
+	PressureEvictions uint64 `protobuf:"varint,9,opt,name=pressure_evictions,json=pressureEvictions,proto3" json:"pressure_evictions,omitempty"`
+	Expirations       uint64 `protobuf:"varint,10,opt,name=expirations,proto3" json:"expirations,omitempty"`
+	// Puts refused: over quota with nothing evictable, or not admitted.
+	Rejected      uint64 `protobuf:"varint,11,opt,name=rejected,proto3" json:"rejected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantStats) Reset() {
+	*x = TenantStats{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantStats) ProtoMessage() {}
+
+func (x *TenantStats) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantStats.ProtoReflect.Descriptor instead.
+func (*TenantStats) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TenantStats) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantStats) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *TenantStats) GetQuotaBytes() int64 {
+	if x != nil {
+		return x.QuotaBytes
+	}
+	return 0
+}
+
+func (x *TenantStats) GetStoredBytes() uint64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *TenantStats) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *TenantStats) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *TenantStats) GetMisses() uint64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *TenantStats) GetQuotaEvictions() uint64 {
+	if x != nil {
+		return x.QuotaEvictions
+	}
+	return 0
+}
+
+func (x *TenantStats) GetPressureEvictions() uint64 {
+	if x != nil {
+		return x.PressureEvictions
+	}
+	return 0
+}
+
+func (x *TenantStats) GetExpirations() uint64 {
+	if x != nil {
+		return x.Expirations
+	}
+	return 0
+}
+
+func (x *TenantStats) GetRejected() uint64 {
+	if x != nil {
+		return x.Rejected
+	}
+	return 0
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1495,7 +1679,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[24]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1691,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[24]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1704,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{24}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{25}
 }
 
 type InfoResponse struct {
@@ -1545,7 +1729,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[25]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1741,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[25]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1754,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{25}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -1655,7 +1839,7 @@ type ReportLoadRequest struct {
 
 func (x *ReportLoadRequest) Reset() {
 	*x = ReportLoadRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1851,7 @@ func (x *ReportLoadRequest) String() string {
 func (*ReportLoadRequest) ProtoMessage() {}
 
 func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[26]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1864,7 @@ func (x *ReportLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadRequest.ProtoReflect.Descriptor instead.
 func (*ReportLoadRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{26}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportLoadRequest) GetQueueSeconds() float64 {
@@ -1719,7 +1903,7 @@ type ReportLoadResponse struct {
 
 func (x *ReportLoadResponse) Reset() {
 	*x = ReportLoadResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1915,7 @@ func (x *ReportLoadResponse) String() string {
 func (*ReportLoadResponse) ProtoMessage() {}
 
 func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[27]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1928,7 @@ func (x *ReportLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadResponse.ProtoReflect.Descriptor instead.
 func (*ReportLoadResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{27}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{28}
 }
 
 type FetchRequest struct {
@@ -1761,7 +1945,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1957,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[28]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1970,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{28}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FetchRequest) GetTenant() string {
@@ -1829,7 +2013,7 @@ type FetchResult struct {
 
 func (x *FetchResult) Reset() {
 	*x = FetchResult{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2025,7 @@ func (x *FetchResult) String() string {
 func (*FetchResult) ProtoMessage() {}
 
 func (x *FetchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[29]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2038,7 @@ func (x *FetchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResult.ProtoReflect.Descriptor instead.
 func (*FetchResult) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{29}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FetchResult) GetSourceNode() string {
@@ -1888,7 +2072,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +2084,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[30]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +2097,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{30}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FetchResponse) GetResults() []*FetchResult {
@@ -1941,7 +2125,7 @@ type RouteRequest struct {
 
 func (x *RouteRequest) Reset() {
 	*x = RouteRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2137,7 @@ func (x *RouteRequest) String() string {
 func (*RouteRequest) ProtoMessage() {}
 
 func (x *RouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[31]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2150,7 @@ func (x *RouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
 func (*RouteRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{31}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RouteRequest) GetTenant() string {
@@ -2006,7 +2190,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2202,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[32]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2215,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{32}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Holder) GetNodeId() string {
@@ -2073,7 +2257,7 @@ type BlockRoute struct {
 
 func (x *BlockRoute) Reset() {
 	*x = BlockRoute{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2269,7 @@ func (x *BlockRoute) String() string {
 func (*BlockRoute) ProtoMessage() {}
 
 func (x *BlockRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[33]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2282,7 @@ func (x *BlockRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRoute.ProtoReflect.Descriptor instead.
 func (*BlockRoute) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{33}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BlockRoute) GetHolders() []*Holder {
@@ -2119,7 +2303,7 @@ type RouteResponse struct {
 
 func (x *RouteResponse) Reset() {
 	*x = RouteResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2315,7 @@ func (x *RouteResponse) String() string {
 func (*RouteResponse) ProtoMessage() {}
 
 func (x *RouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[34]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2328,7 @@ func (x *RouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
 func (*RouteResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{34}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RouteResponse) GetBlocks() []*BlockRoute {
@@ -2185,7 +2369,7 @@ type EstimateRequest struct {
 
 func (x *EstimateRequest) Reset() {
 	*x = EstimateRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2381,7 @@ func (x *EstimateRequest) String() string {
 func (*EstimateRequest) ProtoMessage() {}
 
 func (x *EstimateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[35]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2394,7 @@ func (x *EstimateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EstimateRequest.ProtoReflect.Descriptor instead.
 func (*EstimateRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{35}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EstimateRequest) GetTenant() string {
@@ -2279,7 +2463,7 @@ type EstimateResponse struct {
 
 func (x *EstimateResponse) Reset() {
 	*x = EstimateResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2475,7 @@ func (x *EstimateResponse) String() string {
 func (*EstimateResponse) ProtoMessage() {}
 
 func (x *EstimateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[36]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2488,7 @@ func (x *EstimateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EstimateResponse.ProtoReflect.Descriptor instead.
 func (*EstimateResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{36}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *EstimateResponse) GetSummary() *PlanSummary {
@@ -2338,7 +2522,7 @@ type PlanRequest struct {
 
 func (x *PlanRequest) Reset() {
 	*x = PlanRequest{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2534,7 @@ func (x *PlanRequest) String() string {
 func (*PlanRequest) ProtoMessage() {}
 
 func (x *PlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[37]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2547,7 @@ func (x *PlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRequest.ProtoReflect.Descriptor instead.
 func (*PlanRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{37}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PlanRequest) GetTenant() string {
@@ -2433,7 +2617,7 @@ type PlanResponse struct {
 
 func (x *PlanResponse) Reset() {
 	*x = PlanResponse{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2629,7 @@ func (x *PlanResponse) String() string {
 func (*PlanResponse) ProtoMessage() {}
 
 func (x *PlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[38]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2642,7 @@ func (x *PlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
 func (*PlanResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{38}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PlanResponse) GetSummary() *PlanSummary {
@@ -2497,7 +2681,7 @@ type PlanSummary struct {
 
 func (x *PlanSummary) Reset() {
 	*x = PlanSummary{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2509,7 +2693,7 @@ func (x *PlanSummary) String() string {
 func (*PlanSummary) ProtoMessage() {}
 
 func (x *PlanSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[39]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2522,7 +2706,7 @@ func (x *PlanSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanSummary.ProtoReflect.Descriptor instead.
 func (*PlanSummary) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{39}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PlanSummary) GetAnsweredBy() string {
@@ -2633,7 +2817,7 @@ type NodePlan struct {
 
 func (x *NodePlan) Reset() {
 	*x = NodePlan{}
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2829,7 @@ func (x *NodePlan) String() string {
 func (*NodePlan) ProtoMessage() {}
 
 func (x *NodePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_kvpool_proto_msgTypes[40]
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2842,7 @@ func (x *NodePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePlan.ProtoReflect.Descriptor instead.
 func (*NodePlan) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{40}
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodePlan) GetNodeId() string {
@@ -2832,12 +3016,13 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\vPutResponse\x12\x18\n" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\x12\x16\n" +
 	"\x06crc32c\x18\x02 \x01(\rR\x06crc32c\x12#\n" +
-	"\rreplica_nodes\x18\x03 \x03(\tR\freplicaNodes\"T\n" +
+	"\rreplica_nodes\x18\x03 \x03(\tR\freplicaNodes\"o\n" +
 	"\n" +
 	"GetRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\rR\n" +
-	"chunkBytes\"B\n" +
+	"chunkBytes\x12\x19\n" +
+	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\"B\n" +
 	"\tBlockInfo\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x01 \x01(\x04R\tsizeBytes\x12\x16\n" +
@@ -2878,23 +3063,26 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\"(\n" +
 	"\x0eExistsResponse\x12\x16\n" +
-	"\x06exists\x18\x01 \x03(\bR\x06exists\"Y\n" +
+	"\x06exists\x18\x01 \x03(\bR\x06exists\"t\n" +
 	"\rLocateRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"N\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x19\n" +
+	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\"}\n" +
 	"\x0eLocateResponse\x12#\n" +
 	"\rprefix_blocks\x18\x01 \x01(\rR\fprefixBlocks\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"6\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12-\n" +
+	"\x13lease_until_unix_ms\x18\x03 \x01(\x03R\x10leaseUntilUnixMs\"L\n" +
 	"\rRemoveRequest\x12%\n" +
-	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\"\x10\n" +
+	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
 	"\x0eRemoveResponse\"\x0e\n" +
 	"\fStatsRequest\"\x81\x01\n" +
 	"\x0eNamespaceStats\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06blocks\x18\x03 \x01(\x04R\x06blocks\x12!\n" +
-	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\"\xae\x04\n" +
+	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\"\x85\x05\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
@@ -2915,7 +3103,23 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rmemory_locked\x18\r \x01(\bR\fmemoryLocked\x129\n" +
 	"\n" +
 	"namespaces\x18\x0e \x03(\v2\x19.kvpool.v1.NamespaceStatsR\n" +
-	"namespaces\"\r\n" +
+	"namespaces\x120\n" +
+	"\atenants\x18\x0f \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\x12#\n" +
+	"\rleased_blocks\x18\x10 \x01(\x04R\fleasedBlocks\"\xdb\x02\n" +
+	"\vTenantStats\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +
+	"\vquota_bytes\x18\x03 \x01(\x03R\n" +
+	"quotaBytes\x12!\n" +
+	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\x12\x16\n" +
+	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\x12\n" +
+	"\x04hits\x18\x06 \x01(\x04R\x04hits\x12\x16\n" +
+	"\x06misses\x18\a \x01(\x04R\x06misses\x12'\n" +
+	"\x0fquota_evictions\x18\b \x01(\x04R\x0equotaEvictions\x12-\n" +
+	"\x12pressure_evictions\x18\t \x01(\x04R\x11pressureEvictions\x12 \n" +
+	"\vexpirations\x18\n" +
+	" \x01(\x04R\vexpirations\x12\x1a\n" +
+	"\brejected\x18\v \x01(\x04R\brejected\"\r\n" +
 	"\vInfoRequest\"\xae\x02\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3057,7 +3261,7 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
 	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
@@ -3083,23 +3287,24 @@ var file_kvpool_v1_kvpool_proto_goTypes = []any{
 	(*StatsRequest)(nil),       // 21: kvpool.v1.StatsRequest
 	(*NamespaceStats)(nil),     // 22: kvpool.v1.NamespaceStats
 	(*StatsResponse)(nil),      // 23: kvpool.v1.StatsResponse
-	(*InfoRequest)(nil),        // 24: kvpool.v1.InfoRequest
-	(*InfoResponse)(nil),       // 25: kvpool.v1.InfoResponse
-	(*ReportLoadRequest)(nil),  // 26: kvpool.v1.ReportLoadRequest
-	(*ReportLoadResponse)(nil), // 27: kvpool.v1.ReportLoadResponse
-	(*FetchRequest)(nil),       // 28: kvpool.v1.FetchRequest
-	(*FetchResult)(nil),        // 29: kvpool.v1.FetchResult
-	(*FetchResponse)(nil),      // 30: kvpool.v1.FetchResponse
-	(*RouteRequest)(nil),       // 31: kvpool.v1.RouteRequest
-	(*Holder)(nil),             // 32: kvpool.v1.Holder
-	(*BlockRoute)(nil),         // 33: kvpool.v1.BlockRoute
-	(*RouteResponse)(nil),      // 34: kvpool.v1.RouteResponse
-	(*EstimateRequest)(nil),    // 35: kvpool.v1.EstimateRequest
-	(*EstimateResponse)(nil),   // 36: kvpool.v1.EstimateResponse
-	(*PlanRequest)(nil),        // 37: kvpool.v1.PlanRequest
-	(*PlanResponse)(nil),       // 38: kvpool.v1.PlanResponse
-	(*PlanSummary)(nil),        // 39: kvpool.v1.PlanSummary
-	(*NodePlan)(nil),           // 40: kvpool.v1.NodePlan
+	(*TenantStats)(nil),        // 24: kvpool.v1.TenantStats
+	(*InfoRequest)(nil),        // 25: kvpool.v1.InfoRequest
+	(*InfoResponse)(nil),       // 26: kvpool.v1.InfoResponse
+	(*ReportLoadRequest)(nil),  // 27: kvpool.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil), // 28: kvpool.v1.ReportLoadResponse
+	(*FetchRequest)(nil),       // 29: kvpool.v1.FetchRequest
+	(*FetchResult)(nil),        // 30: kvpool.v1.FetchResult
+	(*FetchResponse)(nil),      // 31: kvpool.v1.FetchResponse
+	(*RouteRequest)(nil),       // 32: kvpool.v1.RouteRequest
+	(*Holder)(nil),             // 33: kvpool.v1.Holder
+	(*BlockRoute)(nil),         // 34: kvpool.v1.BlockRoute
+	(*RouteResponse)(nil),      // 35: kvpool.v1.RouteResponse
+	(*EstimateRequest)(nil),    // 36: kvpool.v1.EstimateRequest
+	(*EstimateResponse)(nil),   // 37: kvpool.v1.EstimateResponse
+	(*PlanRequest)(nil),        // 38: kvpool.v1.PlanRequest
+	(*PlanResponse)(nil),       // 39: kvpool.v1.PlanResponse
+	(*PlanSummary)(nil),        // 40: kvpool.v1.PlanSummary
+	(*NodePlan)(nil),           // 41: kvpool.v1.NodePlan
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -3114,47 +3319,48 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	13, // 9: kvpool.v1.BatchGetResponse.results:type_name -> kvpool.v1.BatchGetResult
 	0,  // 10: kvpool.v1.RemoveRequest.key:type_name -> kvpool.v1.BlockKey
 	22, // 11: kvpool.v1.StatsResponse.namespaces:type_name -> kvpool.v1.NamespaceStats
-	9,  // 12: kvpool.v1.FetchResult.status:type_name -> kvpool.v1.ItemStatus
-	29, // 13: kvpool.v1.FetchResponse.results:type_name -> kvpool.v1.FetchResult
-	32, // 14: kvpool.v1.BlockRoute.holders:type_name -> kvpool.v1.Holder
-	33, // 15: kvpool.v1.RouteResponse.blocks:type_name -> kvpool.v1.BlockRoute
-	39, // 16: kvpool.v1.EstimateResponse.summary:type_name -> kvpool.v1.PlanSummary
-	40, // 17: kvpool.v1.EstimateResponse.node:type_name -> kvpool.v1.NodePlan
-	39, // 18: kvpool.v1.PlanResponse.summary:type_name -> kvpool.v1.PlanSummary
-	40, // 19: kvpool.v1.PlanResponse.nodes:type_name -> kvpool.v1.NodePlan
-	2,  // 20: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
-	4,  // 21: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
-	8,  // 22: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
-	12, // 23: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
-	15, // 24: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
-	17, // 25: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
-	19, // 26: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
-	21, // 27: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
-	24, // 28: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
-	26, // 29: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
-	28, // 30: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
-	31, // 31: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
-	35, // 32: kvpool.v1.KVPoolService.Estimate:input_type -> kvpool.v1.EstimateRequest
-	37, // 33: kvpool.v1.KVPoolService.Plan:input_type -> kvpool.v1.PlanRequest
-	3,  // 34: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 35: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 36: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 37: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 38: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 39: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 40: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 41: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	25, // 42: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	27, // 43: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
-	30, // 44: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
-	34, // 45: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
-	36, // 46: kvpool.v1.KVPoolService.Estimate:output_type -> kvpool.v1.EstimateResponse
-	38, // 47: kvpool.v1.KVPoolService.Plan:output_type -> kvpool.v1.PlanResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	24, // 12: kvpool.v1.StatsResponse.tenants:type_name -> kvpool.v1.TenantStats
+	9,  // 13: kvpool.v1.FetchResult.status:type_name -> kvpool.v1.ItemStatus
+	30, // 14: kvpool.v1.FetchResponse.results:type_name -> kvpool.v1.FetchResult
+	33, // 15: kvpool.v1.BlockRoute.holders:type_name -> kvpool.v1.Holder
+	34, // 16: kvpool.v1.RouteResponse.blocks:type_name -> kvpool.v1.BlockRoute
+	40, // 17: kvpool.v1.EstimateResponse.summary:type_name -> kvpool.v1.PlanSummary
+	41, // 18: kvpool.v1.EstimateResponse.node:type_name -> kvpool.v1.NodePlan
+	40, // 19: kvpool.v1.PlanResponse.summary:type_name -> kvpool.v1.PlanSummary
+	41, // 20: kvpool.v1.PlanResponse.nodes:type_name -> kvpool.v1.NodePlan
+	2,  // 21: kvpool.v1.KVPoolService.Put:input_type -> kvpool.v1.PutRequest
+	4,  // 22: kvpool.v1.KVPoolService.Get:input_type -> kvpool.v1.GetRequest
+	8,  // 23: kvpool.v1.KVPoolService.BatchPut:input_type -> kvpool.v1.BatchPutRequest
+	12, // 24: kvpool.v1.KVPoolService.BatchGet:input_type -> kvpool.v1.BatchGetRequest
+	15, // 25: kvpool.v1.KVPoolService.Exists:input_type -> kvpool.v1.ExistsRequest
+	17, // 26: kvpool.v1.KVPoolService.Locate:input_type -> kvpool.v1.LocateRequest
+	19, // 27: kvpool.v1.KVPoolService.Remove:input_type -> kvpool.v1.RemoveRequest
+	21, // 28: kvpool.v1.KVPoolService.Stats:input_type -> kvpool.v1.StatsRequest
+	25, // 29: kvpool.v1.KVPoolService.Info:input_type -> kvpool.v1.InfoRequest
+	27, // 30: kvpool.v1.KVPoolService.ReportLoad:input_type -> kvpool.v1.ReportLoadRequest
+	29, // 31: kvpool.v1.KVPoolService.Fetch:input_type -> kvpool.v1.FetchRequest
+	32, // 32: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
+	36, // 33: kvpool.v1.KVPoolService.Estimate:input_type -> kvpool.v1.EstimateRequest
+	38, // 34: kvpool.v1.KVPoolService.Plan:input_type -> kvpool.v1.PlanRequest
+	3,  // 35: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 36: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 37: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 38: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 39: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 40: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 41: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 42: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	26, // 43: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	28, // 44: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	31, // 45: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
+	35, // 46: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
+	37, // 47: kvpool.v1.KVPoolService.Estimate:output_type -> kvpool.v1.EstimateResponse
+	39, // 48: kvpool.v1.KVPoolService.Plan:output_type -> kvpool.v1.PlanResponse
+	35, // [35:49] is the sub-list for method output_type
+	21, // [21:35] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_kvpool_proto_init() }
@@ -3178,7 +3384,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

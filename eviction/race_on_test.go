@@ -1,0 +1,5 @@
+//go:build race
+
+package eviction
+
+const raceEnabled = true

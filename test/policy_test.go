@@ -1,0 +1,124 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/test/cluster"
+)
+
+// A tenant policy set through the CLI on one daemon takes effect on all
+// three daemons of a cluster within a second, and its quota then holds on
+// each of them.
+func TestLivePolicyChangeReachesEveryDaemon(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3})
+	addr := c.Nodes[0].Node.Addr().String()
+	// Timed from before the CLI starts (built beforehand): its process
+	// start and dial count.
+	kvpoolBin(t)
+	set := time.Now()
+	mustOK(t, kv(t, nil, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB", "--high", "0.9", "--low", "0.5", "--ttl", "1h"))
+	applied := make([]time.Duration, 3)
+	c.Eventually("every daemon applies the policy", 5*time.Second, func() bool {
+		done := true
+		for i, d := range c.Running() {
+			if applied[i] != 0 {
+				continue
+			}
+			for _, ts := range d.Node.Store().TenantStats() {
+				if ts.Tenant == "acme" && ts.Config.Policy.String() == "lfu" && ts.Config.QuotaBytes == 2<<20 && ts.Config.Low == 0.5 && ts.Config.DefaultTTL == time.Hour {
+					applied[i] = time.Since(set)
+				}
+			}
+			done = done && applied[i] != 0
+		}
+		return done
+	})
+	for i, d := range applied {
+		t.Logf("node-%d applied the policy %v after the CLI started", i, d)
+		if d > time.Second {
+			t.Errorf("node-%d took %v, more than 1 s", i, d)
+		}
+	}
+	// The quota holds on every node: 4 MiB of puts keep at most 2 MiB.
+	for i := range 3 {
+		cl := c.Client(i, api.PathData)
+		for j := range 16 {
+			k := api.BlockKey{Tenant: "acme", Namespace: "m", Key: fmt.Appendf(nil, "n%d-%d", i, j)}
+			if err := cl.Put(context.Background(), k, blockValue(j, 256<<10)); err != nil && api.Code(err).String() != "ResourceExhausted" {
+				t.Fatal(err)
+			}
+		}
+		r := mustOK(t, kv(t, nil, "stats", "--server", c.Nodes[i].Node.Addr().String(), "--json"))
+		var st struct {
+			Tenants []struct {
+				Tenant      string `json:"tenant"`
+				Policy      string `json:"policy"`
+				StoredBytes int64  `json:"stored_bytes"`
+				Evicted     int64  `json:"quota_evictions"`
+				Rejected    int64  `json:"rejected"`
+			} `json:"tenants"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			t.Fatal(err)
+		}
+		ok := false
+		for _, ts := range st.Tenants {
+			if ts.Tenant == "acme" {
+				ok = ts.Policy == "lfu" && ts.StoredBytes <= 2<<20 && ts.Evicted+ts.Rejected > 0
+				t.Logf("node-%d: %+v", i, ts)
+			}
+		}
+		if !ok {
+			t.Fatalf("node-%d stats: %s", i, r.stdout)
+		}
+	}
+
+	// get, list, delete; the answering daemon's tenants in admin stats.
+	r := mustOK(t, kv(t, nil, "admin", "policy", "get", "--server", c.Nodes[2].Node.Addr().String(), "--tenant", "acme", "--json"))
+	if !strings.Contains(r.stdout, `"policy": "lfu"`) || !strings.Contains(r.stdout, `"quota_bytes": 2097152`) {
+		t.Fatalf("policy get: %s", r.stdout)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "policy", "list", "--server", addr))
+	if !strings.Contains(r.stdout, "acme") || !strings.Contains(r.stdout, "2.0 MiB") {
+		t.Fatalf("policy list: %s", r.stdout)
+	}
+	r = mustOK(t, kv(t, nil, "admin", "stats", "--server", addr))
+	if !strings.Contains(r.stdout, "tenants on node-0") || !strings.Contains(r.stdout, "acme") {
+		t.Fatalf("admin stats: %s", r.stdout)
+	}
+	mustOK(t, kv(t, nil, "admin", "policy", "delete", "--server", addr, "--tenant", "acme"))
+	c.Eventually("every daemon falls back to the default", 5*time.Second, func() bool {
+		for _, d := range c.Running() {
+			for _, ts := range d.Node.Store().TenantStats() {
+				if ts.Tenant == "acme" && ts.Config.Policy.String() != "lru" {
+					return false
+				}
+			}
+		}
+		return true
+	})
+
+	// Bad input: flags are usage errors (exit 2); settings the daemon
+	// rejects are InvalidArgument, every problem named.
+	for _, bad := range [][]string{
+		{"set", "--tenant", "acme", "--quota", "1GiB"},
+		{"set", "--tenant", "acme", "--policy", "lru"},
+		{"set", "--tenant", "a b", "--policy", "lru", "--quota", "1GiB"},
+		{"set", "--tenant", "acme", "--policy", "lru", "--quota", "-5"},
+		{"get"},
+	} {
+		if r := kv(t, nil, append([]string{"admin", "policy"}, append(bad, "--server", addr)...)...); r.code != 2 {
+			t.Errorf("policy %v: exit %d, %s", bad, r.code, r.stderr)
+		}
+	}
+	r = kv(t, nil, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "mru", "--quota", "1GiB", "--high", "0.5", "--low", "0.8")
+	if r.code == 0 || !strings.Contains(r.stderr, "invalid argument") || !strings.Contains(r.stderr, `unknown policy "mru"`) {
+		t.Errorf("invalid policy: exit %d, %s", r.code, r.stderr)
+	}
+}

@@ -561,14 +561,15 @@ func (c *Client) putGRPCReplicas(ctx context.Context, k BlockKey, value []byte, 
 }
 
 func (c *Client) getGRPC(ctx context.Context, k BlockKey, dst []byte, alloc bool) ([]byte, error) {
-	return c.getGRPCLease(ctx, k, dst, alloc, 0)
+	return c.getGRPCLease(ctx, k, dst, alloc, 0, false)
 }
 
-// getGRPCLease is getGRPC that also asks for a read lease of leaseMs.
-func (c *Client) getGRPCLease(ctx context.Context, k BlockKey, dst []byte, alloc bool, leaseMs uint32) ([]byte, error) {
+// getGRPCLease is getGRPC that also asks for a read lease of leaseMs
+// (the node's default when 0 and lease is set).
+func (c *Client) getGRPCLease(ctx context.Context, k BlockKey, dst []byte, alloc bool, leaseMs uint32, lease bool) ([]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, LeaseMs: leaseMs})
+	stream, err := c.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, LeaseMs: leaseMs, Lease: lease})
 	if err != nil {
 		return nil, FromStatus(err)
 	}

@@ -9,10 +9,11 @@ import (
 
 // LocateLease is Locate that also takes a read lease of d on the prefix
 // the node holds: until it ends those blocks are not evicted and Remove
-// fails unless forced. The node caps d at its maximum. It returns the
-// prefix length and when the lease ends.
+// fails unless forced. d ≤ 0 takes the node's default (10 s unless
+// configured); the node caps d at its maximum. It returns the prefix
+// length and when the lease ends.
 func (c *Client) LocateLease(ctx context.Context, tenant, namespace string, chain [][]byte, d time.Duration) (int, time.Time, error) {
-	resp, err := c.rpc.Locate(ctx, &kvpoolv1.LocateRequest{Tenant: tenant, Namespace: namespace, Keys: chain, LeaseMs: leaseMs(d)})
+	resp, err := c.rpc.Locate(ctx, &kvpoolv1.LocateRequest{Tenant: tenant, Namespace: namespace, Keys: chain, LeaseMs: leaseMs(d), Lease: true})
 	if err != nil {
 		return 0, time.Time{}, FromStatus(err)
 	}
@@ -24,12 +25,12 @@ func (c *Client) LocateLease(ctx context.Context, tenant, namespace string, chai
 }
 
 // GetLease is Get over gRPC that also takes a read lease of d on the
-// block. It returns the block's bytes.
+// block (d ≤ 0: the node's default). It returns the block's bytes.
 func (c *Client) GetLease(ctx context.Context, k BlockKey, d time.Duration) ([]byte, error) {
 	if err := k.Validate(); err != nil {
 		return nil, err
 	}
-	return c.getGRPCLease(ctx, k, nil, true, leaseMs(d))
+	return c.getGRPCLease(ctx, k, nil, true, leaseMs(d), true)
 }
 
 // RemoveForce removes a block even under a read lease.

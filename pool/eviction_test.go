@@ -256,6 +256,26 @@ func TestPolicyChangeAndStats(t *testing.T) {
 	if api.Code(err).String() != "InvalidArgument" || !strings.Contains(err.Error(), "quota -1") || !strings.Contains(err.Error(), "low watermark 0.8") {
 		t.Fatalf("negative quota and low above high: %v", err)
 	}
+	// A lease asked for without a length is the node's default, 10 s.
+	gc := dial(t, n, api.PathGRPC)
+	held, until, err := gc.LocateLease(ctx, "p", "m", [][]byte{[]byte("k0"), []byte("k1")}, 0)
+	if d := time.Until(until); err != nil || held != 2 || d < 9*time.Second || d > 11*time.Second {
+		t.Fatalf("default lease: %d blocks until %v (%v), %v", held, until, d, err)
+	}
+	// Per-tenant metrics.
+	mfs, err := n.cfg.Gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, mf := range mfs {
+		found[mf.GetName()] = true
+	}
+	for _, name := range []string{"kvpool_eviction_tenant_stored_bytes", "kvpool_eviction_tenant_hits_total", "kvpool_eviction_tenant_misses_total", "kvpool_eviction_tenant_evictions_total"} {
+		if !found[name] {
+			t.Errorf("no metric %s", name)
+		}
+	}
 	if err := n.Store().checkConsistency(); err != nil {
 		t.Fatal(err)
 	}

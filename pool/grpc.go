@@ -143,8 +143,8 @@ func (g *grpcService) Get(req *kvpoolv1.GetRequest, stream kvpoolv1.KVPoolServic
 		return api.ToStatus(err)
 	}
 	defer g.n.store.Release(pin)
-	if ms := req.GetLeaseMs(); ms > 0 {
-		g.n.store.Lease(tenant, ns, [][]byte{key}, g.n.leaseFor(ms))
+	if d := g.n.leaseFor(req.GetLeaseMs(), req.GetLease()); d > 0 {
+		g.n.store.Lease(tenant, ns, [][]byte{key}, d)
 	}
 	chunk := g.n.cfg.GetChunkBytes
 	if c := int(req.GetChunkBytes()); c != 0 {
@@ -234,8 +234,8 @@ func (g *grpcService) Locate(_ context.Context, req *kvpoolv1.LocateRequest) (*k
 		return nil, api.ToStatus(err)
 	}
 	out := &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), NodeId: g.n.cfg.NodeID}
-	if ms := req.GetLeaseMs(); ms > 0 && k > 0 {
-		_, until, err := g.n.store.Lease(tenant, ns, req.GetKeys()[:k], g.n.leaseFor(ms))
+	if d := g.n.leaseFor(req.GetLeaseMs(), req.GetLease()); d > 0 && k > 0 {
+		_, until, err := g.n.store.Lease(tenant, ns, req.GetKeys()[:k], d)
 		if err != nil {
 			return nil, api.ToStatus(err)
 		}
@@ -290,8 +290,12 @@ func (n *Node) tenantStatsProto() []*kvpoolv1.TenantStats {
 }
 
 // leaseFor turns a caller's lease request into a length, capped by the
-// node's maximum.
-func (n *Node) leaseFor(ms uint32) time.Duration {
+// node's maximum: ms when given, the node's default when only asked for.
+// 0 means no lease.
+func (n *Node) leaseFor(ms uint32, asked bool) time.Duration {
+	if ms == 0 && asked {
+		return n.cfg.LeaseDefault
+	}
 	return min(time.Duration(ms)*time.Millisecond, n.cfg.LeaseMax)
 }
 

@@ -253,11 +253,15 @@ func locateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if lease < 0 {
-				return usageError{error: fmt.Errorf("--lease %v must not be negative", lease)}
-			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				n, until, err := c.LocateLease(ctx, f.tenant, f.namespace, chain, lease)
+				locate := c.LocateLease // lease < 0: --lease alone, the node's default
+				if !cmd.Flags().Changed("lease") {
+					locate = func(ctx context.Context, tenant, ns string, chain [][]byte, _ time.Duration) (int, time.Time, error) {
+						n, err := c.Locate(ctx, tenant, ns, chain)
+						return n, time.Time{}, err
+					}
+				}
+				n, until, err := locate(ctx, f.tenant, f.namespace, chain, lease)
 				if err != nil {
 					return err
 				}
@@ -278,7 +282,8 @@ func locateCmd(e *env) *cobra.Command {
 	}
 	f.register(c, true)
 	c.Flags().StringSliceVar(&keys, "keys", nil, "the chain's keys, block 0 first, comma-separated (required)")
-	c.Flags().DurationVar(&lease, "lease", 0, "also take a read lease of this long on the blocks held (capped by the node's maximum)")
+	c.Flags().DurationVar(&lease, "lease", 0, "also take a read lease of this long on the blocks held (capped by the node's maximum); --lease alone takes the node's default")
+	c.Flags().Lookup("lease").NoOptDefVal = "-1ns"
 	return c
 }
 

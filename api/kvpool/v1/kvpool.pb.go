@@ -321,9 +321,12 @@ type GetRequest struct {
 	// (1 MiB). Clamped to [4 KiB, 4 MiB].
 	ChunkBytes uint32 `protobuf:"varint,2,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
 	// Take a read lease on the block: it is not evicted, and Remove fails
-	// unless forced, until the lease ends. 0 means no lease; a value above
-	// the node's maximum is clamped to it.
-	LeaseMs       uint32 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// unless forced, until the lease ends. 0 means no lease (unless lease is
+	// set); a value above the node's maximum is clamped to it.
+	LeaseMs uint32 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// Take a read lease of lease_ms, or of the node's default (10 s unless
+	// configured) when lease_ms is 0.
+	Lease         bool `protobuf:"varint,4,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +380,13 @@ func (x *GetRequest) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *GetRequest) GetLease() bool {
+	if x != nil {
+		return x.Lease
+	}
+	return false
 }
 
 // BlockInfo describes a stored value.
@@ -1051,8 +1061,9 @@ type LocateRequest struct {
 	// The chain, block 0 first.
 	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
 	// Take a read lease on the blocks of the prefix this node holds (see
-	// GetRequest.lease_ms). 0 means no lease.
+	// GetRequest.lease_ms and lease).
 	LeaseMs       uint32 `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Lease         bool   `protobuf:"varint,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1113,6 +1124,13 @@ func (x *LocateRequest) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *LocateRequest) GetLease() bool {
+	if x != nil {
+		return x.Lease
+	}
+	return false
 }
 
 type LocateResponse struct {
@@ -3016,13 +3034,14 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\vPutResponse\x12\x18\n" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\x12\x16\n" +
 	"\x06crc32c\x18\x02 \x01(\rR\x06crc32c\x12#\n" +
-	"\rreplica_nodes\x18\x03 \x03(\tR\freplicaNodes\"o\n" +
+	"\rreplica_nodes\x18\x03 \x03(\tR\freplicaNodes\"\x85\x01\n" +
 	"\n" +
 	"GetRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\rR\n" +
 	"chunkBytes\x12\x19\n" +
-	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\"B\n" +
+	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\x12\x14\n" +
+	"\x05lease\x18\x04 \x01(\bR\x05lease\"B\n" +
 	"\tBlockInfo\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x01 \x01(\x04R\tsizeBytes\x12\x16\n" +
@@ -3063,12 +3082,13 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\"(\n" +
 	"\x0eExistsResponse\x12\x16\n" +
-	"\x06exists\x18\x01 \x03(\bR\x06exists\"t\n" +
+	"\x06exists\x18\x01 \x03(\bR\x06exists\"\x8a\x01\n" +
 	"\rLocateRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x19\n" +
-	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\"}\n" +
+	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x12\x14\n" +
+	"\x05lease\x18\x05 \x01(\bR\x05lease\"}\n" +
 	"\x0eLocateResponse\x12#\n" +
 	"\rprefix_blocks\x18\x01 \x01(\rR\fprefixBlocks\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12-\n" +

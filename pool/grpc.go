@@ -285,6 +285,9 @@ func (n *Node) tenantStatsProto() []*kvpoolv1.TenantStats {
 			StoredBytes: uint64(t.StoredBytes), Blocks: uint64(t.Blocks), Hits: t.Hits, Misses: t.Misses,
 			QuotaEvictions: t.QuotaEvictions, PressureEvictions: t.PressureEvictions, Expirations: t.Expirations, Rejected: t.Rejected,
 		})
+		if !t.PolicyApplied.IsZero() {
+			out[len(out)-1].PolicyAppliedUnixMs = t.PolicyApplied.UnixMilli()
+		}
 	}
 	return out
 }

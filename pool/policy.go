@@ -101,7 +101,7 @@ func (a *adminService) SetPolicy(ctx context.Context, req *kvpoolv1.SetPolicyReq
 	} else {
 		a.n.localPolicy(tenant, &cfg)
 	}
-	return &kvpoolv1.SetPolicyResponse{Policy: tenantPolicyProto(tenant, cfg)}, nil
+	return &kvpoolv1.SetPolicyResponse{Policy: tenantPolicyProto(tenant, cfg), StoredUnixMs: a.n.cfg.Now().UnixMilli()}, nil
 }
 
 func (a *adminService) GetPolicy(ctx context.Context, req *kvpoolv1.GetPolicyRequest) (*kvpoolv1.GetPolicyResponse, error) {

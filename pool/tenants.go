@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"container/heap"
 	"slices"
 	"time"
@@ -12,10 +13,11 @@ import (
 // tenantState is one tenant's books and eviction policy on this node.
 // Guarded by Store.mu.
 type tenantState struct {
-	name   string
-	cfg    eviction.TenantConfig
-	stored bool // cfg came from a stored policy, not the node's default
-	policy eviction.Policy
+	name    string
+	cfg     eviction.TenantConfig
+	stored  bool      // cfg came from a stored policy, not the node's default
+	applied time.Time // when SetTenant last ran for it
+	policy  eviction.Policy
 
 	storedBytes, reservedBytes int64
 	blocks                     int64
@@ -34,10 +36,14 @@ type TenantStats struct {
 	Hits, Misses                                   uint64
 	QuotaEvictions, PressureEvictions, Expirations uint64
 	Rejected                                       uint64
+	// PolicyApplied is when the node last applied a policy change for
+	// the tenant (zero: never).
+	PolicyApplied time.Time
 }
 
 // evicted is a block an eviction removed, to tell the location sink
-// after the lock is released.
+// after the lock is released. The key is a copy: the index reuses its
+// bytes once the lock is gone.
 type evicted struct{ tenant, namespace, key []byte }
 
 // tenantLocked returns the state of tenant, creating it with the node's
@@ -97,7 +103,7 @@ func (s *Store) evictLocked(t *tenantState, now time.Time, out *[]evicted) bool 
 		return true
 	}
 	ni := s.mu.ns.list[e.ns]
-	*out = append(*out, evicted{[]byte(ni.tenant), []byte(ni.namespace), s.mu.idx.key(idx)})
+	*out = append(*out, evicted{[]byte(ni.tenant), []byte(ni.namespace), bytes.Clone(s.mu.idx.key(idx))})
 	s.unlinkLocked(idx)
 	return true
 }
@@ -185,7 +191,7 @@ func (s *Store) SetTenant(name string, cfg *eviction.TenantConfig) {
 	if cfg != nil {
 		next, stored = cfg.WithDefaults(), true
 	}
-	t.stored = stored
+	t.stored, t.applied = stored, now
 	if next.Policy != t.cfg.Policy {
 		t.policy = eviction.New(next.Policy, eviction.Config{})
 		for i := uint32(0); i < s.mu.idx.entries.n; i++ {
@@ -233,7 +239,7 @@ func (s *Store) TenantStats() []TenantStats {
 		out = append(out, TenantStats{
 			Tenant: t.name, Config: t.cfg, StoredBytes: t.storedBytes, ReservedBytes: t.reservedBytes, Blocks: t.blocks,
 			Hits: t.hits, Misses: t.misses, QuotaEvictions: t.quotaEvictions, PressureEvictions: t.pressureEvictions,
-			Expirations: t.expirations, Rejected: t.rejected,
+			Expirations: t.expirations, Rejected: t.rejected, PolicyApplied: t.applied,
 		})
 	}
 	slices.SortFunc(out, func(a, b TenantStats) int {
@@ -329,7 +335,7 @@ func (s *Store) Sweep(now time.Time) int {
 		}
 		t := s.mu.ns.list[e.ns].t
 		ni := s.mu.ns.list[e.ns]
-		out = append(out, evicted{[]byte(ni.tenant), []byte(ni.namespace), s.mu.idx.key(idx)})
+		out = append(out, evicted{[]byte(ni.tenant), []byte(ni.namespace), bytes.Clone(s.mu.idx.key(idx))})
 		s.unlinkLocked(idx)
 		t.expirations++
 		n++

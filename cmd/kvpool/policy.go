@@ -74,9 +74,12 @@ func policySetCmd(e *env) *cobra.Command {
 					return err
 				}
 				if f.asJSON {
-					return printJSON(e.stdout, policyJSON(r.GetPolicy()))
+					out := policyJSON(r.GetPolicy())
+					out["stored_unix_ms"] = r.GetStoredUnixMs()
+					return printJSON(e.stdout, out)
 				}
 				printPolicies(e.stdout, []*kvpoolv1.TenantPolicy{r.GetPolicy()})
+				fmt.Fprintln(e.stdout, "stored; every daemon applies it on its next etcd watch event (milliseconds)")
 				return nil
 			})
 		},
@@ -217,7 +220,7 @@ func tenantsJSON(ts []*kvpoolv1.TenantStats) []map[string]any {
 		out = append(out, map[string]any{"tenant": t.GetTenant(), "policy": t.GetPolicy(), "quota_bytes": t.GetQuotaBytes(),
 			"stored_bytes": t.GetStoredBytes(), "blocks": t.GetBlocks(), "hits": t.GetHits(), "misses": t.GetMisses(),
 			"quota_evictions": t.GetQuotaEvictions(), "pressure_evictions": t.GetPressureEvictions(), "expirations": t.GetExpirations(),
-			"rejected": t.GetRejected()})
+			"rejected": t.GetRejected(), "policy_applied_unix_ms": t.GetPolicyAppliedUnixMs()})
 	}
 	return out
 }

@@ -163,7 +163,9 @@ func (x *SetPolicyRequest) GetPolicy() *TenantPolicy {
 type SetPolicyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// As stored, defaults filled in.
-	Policy        *TenantPolicy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *TenantPolicy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// When it was stored (etcd acknowledged the write), Unix ms.
+	StoredUnixMs  int64 `protobuf:"varint,2,opt,name=stored_unix_ms,json=storedUnixMs,proto3" json:"stored_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -203,6 +205,13 @@ func (x *SetPolicyResponse) GetPolicy() *TenantPolicy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *SetPolicyResponse) GetStoredUnixMs() int64 {
+	if x != nil {
+		return x.StoredUnixMs
+	}
+	return 0
 }
 
 type GetPolicyRequest struct {
@@ -1476,9 +1485,10 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\rlow_watermark\x18\x05 \x01(\x01R\flowWatermark\x12.\n" +
 	"\x13default_ttl_seconds\x18\x06 \x01(\x01R\x11defaultTtlSeconds\"C\n" +
 	"\x10SetPolicyRequest\x12/\n" +
-	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"D\n" +
+	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"j\n" +
 	"\x11SetPolicyResponse\x12/\n" +
-	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"*\n" +
+	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\x12$\n" +
+	"\x0estored_unix_ms\x18\x02 \x01(\x03R\fstoredUnixMs\"*\n" +
 	"\x10GetPolicyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"D\n" +
 	"\x11GetPolicyResponse\x12/\n" +

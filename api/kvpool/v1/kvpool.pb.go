@@ -1577,9 +1577,12 @@ type TenantStats struct {
 	PressureEvictions uint64 `protobuf:"varint,9,opt,name=pressure_evictions,json=pressureEvictions,proto3" json:"pressure_evictions,omitempty"`
 	Expirations       uint64 `protobuf:"varint,10,opt,name=expirations,proto3" json:"expirations,omitempty"`
 	// Puts refused: over quota with nothing evictable, or not admitted.
-	Rejected      uint64 `protobuf:"varint,11,opt,name=rejected,proto3" json:"rejected,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rejected uint64 `protobuf:"varint,11,opt,name=rejected,proto3" json:"rejected,omitempty"`
+	// When this node last applied a change to the tenant's policy, Unix ms;
+	// 0 if it never had one.
+	PolicyAppliedUnixMs int64 `protobuf:"varint,12,opt,name=policy_applied_unix_ms,json=policyAppliedUnixMs,proto3" json:"policy_applied_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *TenantStats) Reset() {
@@ -1685,6 +1688,13 @@ func (x *TenantStats) GetExpirations() uint64 {
 func (x *TenantStats) GetRejected() uint64 {
 	if x != nil {
 		return x.Rejected
+	}
+	return 0
+}
+
+func (x *TenantStats) GetPolicyAppliedUnixMs() int64 {
+	if x != nil {
+		return x.PolicyAppliedUnixMs
 	}
 	return 0
 }
@@ -3125,7 +3135,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"namespaces\x18\x0e \x03(\v2\x19.kvpool.v1.NamespaceStatsR\n" +
 	"namespaces\x120\n" +
 	"\atenants\x18\x0f \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\x12#\n" +
-	"\rleased_blocks\x18\x10 \x01(\x04R\fleasedBlocks\"\xdb\x02\n" +
+	"\rleased_blocks\x18\x10 \x01(\x04R\fleasedBlocks\"\x90\x03\n" +
 	"\vTenantStats\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +
@@ -3139,7 +3149,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x12pressure_evictions\x18\t \x01(\x04R\x11pressureEvictions\x12 \n" +
 	"\vexpirations\x18\n" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
-	"\brejected\x18\v \x01(\x04R\brejected\"\r\n" +
+	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
+	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
 	"\vInfoRequest\"\xae\x02\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +

@@ -72,3 +72,7 @@ go run ./test/redisbench --kvpool "$bin" --block-size 2MiB --clients 1,4 --durat
 echo "== planning: 8 nodes, a 128-block chain"
 go test -run x -bench Plan -benchmem ./transfer/cost | grep Benchmark
 go test -run x -bench DaemonPlan -benchtime 1x ./test | grep Benchmark
+
+echo "== eviction: hit ratios on the Mooncake trace beside Belady; policy memory per block"
+go test ./eviction -run TestReplayTable -v -count=1 | grep '|'
+go test -run x -bench PolicyMemory -benchtime 1x ./eviction | grep Benchmark

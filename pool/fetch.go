@@ -52,9 +52,9 @@ func (n *Node) Fetch(ctx context.Context, tenant, namespace string, keys [][]byt
 	if err != nil {
 		return nil, err
 	}
-	// The keys come as a chain: prefix-aware policies learn who follows
-	// whom once the blocks are here.
-	defer n.store.LinkChain([]byte(tenant), []byte(namespace), keys)
+	// The keys come as a chain: Locate, once the blocks are here, tells
+	// prefix-aware policies who follows whom.
+	defer n.store.Locate([]byte(tenant), []byte(namespace), keys)
 	type want struct {
 		i       int
 		holders []metadata.NodeRecord

@@ -33,7 +33,7 @@ type entry struct {
 	keyLen uint8
 	state  uint8
 	// parent is the eviction id (index+1) of the block before this one in
-	// its prefix chain, 0 if unknown (Store.LinkChain). It fills what was
+	// its prefix chain, 0 if unknown (learned by Store.Locate). It fills what was
 	// padding: the entry stays 40 bytes.
 	parent uint32
 }

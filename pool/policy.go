@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
@@ -164,15 +165,7 @@ func (a *adminService) listPolicies(ctx context.Context) ([]*kvpoolv1.TenantPoli
 		}
 		a.n.localMu.Unlock()
 	}
-	slices.SortFunc(out, func(x, y *kvpoolv1.TenantPolicy) int {
-		if x.GetTenant() < y.GetTenant() {
-			return -1
-		}
-		if x.GetTenant() > y.GetTenant() {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(x, y *kvpoolv1.TenantPolicy) int { return strings.Compare(x.GetTenant(), y.GetTenant()) })
 	return out, nil
 }
 

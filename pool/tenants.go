@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"container/heap"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
@@ -15,7 +16,6 @@ import (
 type tenantState struct {
 	name    string
 	cfg     eviction.TenantConfig
-	stored  bool      // cfg came from a stored policy, not the node's default
 	applied time.Time // when SetTenant last ran for it
 	policy  eviction.Policy
 
@@ -180,18 +180,17 @@ func (s *Store) pressureVictimLocked(now time.Time) (*tenantState, bool) {
 
 // SetTenant applies a tenant's config live: a new policy takes over the
 // tenant's blocks in their current order of the index, a lower quota
-// evicts at once. stored marks a config from etcd (reported by
-// TenantStats); a nil cfg returns the tenant to the node's default.
+// evicts at once. A nil cfg returns the tenant to the node's default.
 func (s *Store) SetTenant(name string, cfg *eviction.TenantConfig) {
 	now := s.now()
 	var out []evicted
 	s.mu.Lock()
 	t := s.tenantLocked(name)
-	next, stored := s.defaultTenant, false
+	next := s.defaultTenant
 	if cfg != nil {
-		next, stored = cfg.WithDefaults(), true
+		next = cfg.WithDefaults()
 	}
-	t.stored, t.applied = stored, now
+	t.applied = now
 	if next.Policy != t.cfg.Policy {
 		t.policy = eviction.New(next.Policy, eviction.Config{})
 		for i := uint32(0); i < s.mu.idx.entries.n; i++ {
@@ -242,15 +241,7 @@ func (s *Store) TenantStats() []TenantStats {
 			Expirations: t.expirations, Rejected: t.rejected, PolicyApplied: t.applied,
 		})
 	}
-	slices.SortFunc(out, func(a, b TenantStats) int {
-		if a.Tenant < b.Tenant {
-			return -1
-		}
-		if a.Tenant > b.Tenant {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Tenant, b.Tenant) })
 	return out
 }
 
@@ -341,34 +332,13 @@ func (s *Store) Sweep(now time.Time) int {
 		n++
 	}
 	for _, it := range later {
-		s.mu.expires[pinFromHandleIdx(it.handle)] = it.at
+		idx, _ := pinFromHandle(it.handle)
+		s.mu.expires[idx] = it.at
 		heap.Push(&s.mu.expiry, it)
 	}
 	s.mu.Unlock()
 	s.notifyEvicted(out)
 	return n
-}
-
-func pinFromHandleIdx(h uint64) uint32 { idx, _ := pinFromHandle(h); return idx }
-
-// LinkChain tells prefix-aware policies which block follows which: each
-// present key's parent is the key before it. Locate calls it with the
-// chains it sees, and Fetch with the chains it pulls.
-func (s *Store) LinkChain(tenant, ns []byte, chain [][]byte) {
-	if len(chain) < 2 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var parent uint32
-	for _, k := range chain {
-		idx, ok := s.lookupLocked(tenant, ns, k)
-		if !ok {
-			return
-		}
-		s.linkLocked(idx, parent)
-		parent = uint32(evictionID(idx))
-	}
 }
 
 // linkLocked records parent (an eviction id, 0 for none) as entry idx's

@@ -109,17 +109,5 @@ func (p *Profiles) ModelNames() []string {
 	return out
 }
 
-// Curves lists the known curves by model, then accelerator.
-func (p *Profiles) Curves() []Curve {
-	var out []Curve
-	for _, c := range p.curves {
-		out = append(out, *c)
-	}
-	slices.SortFunc(out, func(a, b Curve) int {
-		return strings.Compare(a.Model+"\x00"+a.Accelerator, b.Model+"\x00"+b.Accelerator)
-	})
-	return out
-}
-
 // ErrNoProfile marks a model or curve that is not known.
 var ErrNoProfile = errors.New("cost: no such profile")

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvpool/kvpool/metadata/embedded"
 )
 
 // BenchmarkPublish pushes location records through a Member into one
@@ -31,7 +33,7 @@ func BenchmarkPublish(b *testing.B) {
 }
 
 func publishRun(b *testing.B, mode string) {
-	e, err := StartEmbedded(EmbedConfig{Dir: b.TempDir(), ClientURL: "http://127.0.0.1:0"})
+	e, err := embedded.Start(embedded.Config{Dir: b.TempDir(), ClientURL: "http://127.0.0.1:0"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,11 +12,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/metadata/embedded"
 )
 
-func startEtcd(t testing.TB) *Embedded {
+func startEtcd(t testing.TB) *embedded.Etcd {
 	t.Helper()
-	e, err := StartEmbedded(EmbedConfig{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Fast: true})
+	e, err := embedded.Start(embedded.Config{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", Fast: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/test/cluster"
 )
 
@@ -83,11 +84,11 @@ func TestThreeMemberEtcdLosesAMember(t *testing.T) {
 		clients = append(clients, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
 		initial = append(initial, n+"="+peers[len(peers)-1])
 	}
-	members := make([]*metadata.Embedded, 3)
+	members := make([]*embedded.Etcd, 3)
 	errs := make(chan error, 3)
 	for i, n := range names {
 		go func() {
-			e, err := metadata.StartEmbedded(metadata.EmbedConfig{Name: n, Dir: filepath.Join(t.TempDir(), n), ClientURL: clients[i],
+			e, err := embedded.Start(embedded.Config{Name: n, Dir: filepath.Join(t.TempDir(), n), ClientURL: clients[i],
 				PeerURL: peers[i], InitialCluster: strings.Join(initial, ","), Fast: true})
 			members[i] = e
 			errs <- err

@@ -16,6 +16,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
 )
 
@@ -48,7 +49,7 @@ cluster stats, stops everything and exits 0.`,
 
 // demoCluster is what runDemo starts and must stop.
 type demoCluster struct {
-	etcd  *metadata.Embedded
+	etcd  *embedded.Etcd
 	nodes []*pool.Node
 	stops []func()
 }
@@ -61,7 +62,7 @@ func (d *demoCluster) close() {
 
 func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64, log *slog.Logger) (*demoCluster, error) {
 	d := &demoCluster{}
-	e, err := metadata.StartEmbedded(metadata.EmbedConfig{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
+	e, err := embedded.Start(embedded.Config{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
 	if err != nil {
 		return nil, err
 	}

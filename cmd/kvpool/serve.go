@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvpool/kvpool/eviction"
 	"github.com/kvpool/kvpool/metadata"
+	etcdembed "github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
@@ -376,7 +377,7 @@ func (f *serveFlags) config(cmd *cobra.Command) (pool.Config, [2]string, error) 
 // embedded one first when no endpoints are given. stop closes both.
 func (f *serveFlags) connectEtcd(nodeID string, log *slog.Logger) (*clientv3.Client, func(), error) {
 	endpoints := splitList(f.etcd)
-	var embedded *metadata.Embedded
+	var embedded *etcdembed.Etcd
 	if len(endpoints) == 0 {
 		dir := f.dataDir
 		if dir == "" {
@@ -387,7 +388,7 @@ func (f *serveFlags) connectEtcd(nodeID string, log *slog.Logger) (*clientv3.Cli
 		}
 		url := "http://" + f.etcdListen
 		var err error
-		embedded, err = metadata.StartEmbedded(metadata.EmbedConfig{Name: nodeID, Dir: dir, ClientURL: url})
+		embedded, err = etcdembed.Start(etcdembed.Config{Name: nodeID, Dir: dir, ClientURL: url})
 		if err != nil {
 			return nil, nil, err
 		}

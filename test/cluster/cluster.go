@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
 )
 
@@ -47,7 +48,7 @@ type Config struct {
 type Cluster struct {
 	t         testing.TB
 	cfg       Config
-	Etcd      *metadata.Embedded
+	Etcd      *embedded.Etcd
 	etcdDir   string
 	Endpoints []string
 	Nodes     []*Daemon
@@ -104,7 +105,7 @@ func New(t testing.TB, cfg Config) *Cluster {
 // directory.
 func (c *Cluster) StartEtcd(url string) {
 	c.t.Helper()
-	e, err := metadata.StartEmbedded(metadata.EmbedConfig{Dir: c.etcdDir, ClientURL: url, Fast: true})
+	e, err := embedded.Start(embedded.Config{Dir: c.etcdDir, ClientURL: url, Fast: true})
 	if err != nil {
 		c.t.Fatal(err)
 	}

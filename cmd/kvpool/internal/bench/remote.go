@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
 )
 
@@ -47,7 +48,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	e, err := metadata.StartEmbedded(metadata.EmbedConfig{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
+	e, err := embedded.Start(embedded.Config{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
 	if err != nil {
 		return nil, err
 	}

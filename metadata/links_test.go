@@ -13,6 +13,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 func TestDecodeNodeLinks(t *testing.T) {
@@ -194,7 +196,7 @@ func (s *linkSource) polls() int {
 // polls from+1..from+n finished, writes included.
 func (s *linkSource) waitPolled(t *testing.T, from, n int) {
 	t.Helper()
-	waitUntil(t, "the member to poll its links", func() bool { return s.polls() > from+n })
+	eventually.True(t, "the member to poll its links", patience, func() bool { return s.polls() > from+n })
 }
 
 func TestMemberPublishesLinks(t *testing.T) {
@@ -215,7 +217,7 @@ func TestMemberPublishesLinks(t *testing.T) {
 	}
 
 	// The registration carries the first set; unchanged polls write nothing.
-	waitUntil(t, "the mirror to see the first links", sees(mm, toB))
+	eventually.True(t, "the mirror to see the first links", patience, sees(mm, toB))
 	src.waitPolled(t, src.polls(), 3)
 	if w := writes(); w != 1 {
 		t.Fatalf("%d link writes after unchanged polls, want 1 (at registration)", w)
@@ -234,7 +236,7 @@ func TestMemberPublishesLinks(t *testing.T) {
 	// A 10% change (and a seed becoming a measurement) is written.
 	toB = LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9, RTTMicros: 100, Samples: 10}
 	src.set(toB)
-	waitUntil(t, "the mirror to see a 10% change", sees(mm, toB))
+	eventually.True(t, "the mirror to see a 10% change", patience, sees(mm, toB))
 	if w := writes(); w != 2 {
 		t.Fatalf("%d link writes, want 2", w)
 	}
@@ -254,30 +256,30 @@ func TestMemberPublishesLinks(t *testing.T) {
 	// Once the record is linkRefresh old, new sample counts are written.
 	skew.Add(int64(linkRefresh + time.Second))
 	toB = LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9 * 1.01, RTTMicros: 101, Samples: 20}
-	waitUntil(t, "the mirror to see refreshed samples", sees(mm, toB))
+	eventually.True(t, "the mirror to see refreshed samples", patience, sees(mm, toB))
 
 	// Peers appear and leave.
 	toC := LinkRecord{Peer: "node-c", BytesPerSecond: 5e8, RTTMicros: 300, Samples: 1}
 	src.set(toC, toB) // unsorted: the member sorts
-	waitUntil(t, "the mirror to see node-c", sees(mm, toC))
+	eventually.True(t, "the mirror to see node-c", patience, sees(mm, toC))
 	src.set(toB)
-	waitUntil(t, "node-c to leave", func() bool { _, ok := mm.Link("node-a", "node-c"); return !ok && sees(mm, toB)() })
+	eventually.True(t, "node-c to leave", patience, func() bool { _, ok := mm.Link("node-a", "node-c"); return !ok && sees(mm, toB)() })
 
 	// A new lease carries the links at once.
 	old := a.Epoch()
 	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(old)); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the links record on a new lease", func() bool {
+	eventually.True(t, "the links record on a new lease", patience, func() bool {
 		resp, err := cli.Get(context.Background(), keys{"/kvpool/"}.link("node-a"))
 		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != old && resp.Kvs[0].Lease == a.Epoch()
 	})
-	waitUntil(t, "the mirror to see the links of the new epoch", sees(mm, toB))
+	eventually.True(t, "the mirror to see the links of the new epoch", patience, sees(mm, toB))
 
 	// A stopped member revokes its lease, and its links leave.
 	a.cancel()
 	<-a.done
-	waitUntil(t, "the links to leave with the lease", func() bool { return len(mm.Links()) == 0 && mm.Stats().Links == 0 })
+	eventually.True(t, "the links to leave with the lease", patience, func() bool { return len(mm.Links()) == 0 && mm.Stats().Links == 0 })
 	if _, ok := mm.Link("node-a", "node-b"); ok {
 		t.Fatal("Link still answers for a stopped node")
 	}
@@ -296,7 +298,7 @@ func TestMemberWithoutLinksDeletesStaleRecord(t *testing.T) {
 		t.Fatal("the mirror did not load the stale record")
 	}
 	a := startMember(t, cli, "node-a")
-	waitUntil(t, "the stale record to go", func() bool { _, ok := mm.Link("node-a", "node-b"); return !ok })
+	eventually.True(t, "the stale record to go", patience, func() bool { _, ok := mm.Link("node-a", "node-b"); return !ok })
 	if w := a.Stats().LinkWrites; w != 0 {
 		t.Fatalf("%d link writes without a Links function", w)
 	}
@@ -325,7 +327,7 @@ func TestMirrorSkipsMalformedLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []NodeLinks{{Node: "node-g", UnixNano: 7, Links: []LinkRecord{good.Links[1], good.Links[0]}}} // sorted by peer
-	waitUntil(t, "the watching mirror to hold the good record", func() bool { return reflect.DeepEqual(mm.Links(), want) })
+	eventually.True(t, "the watching mirror to hold the good record", patience, func() bool { return reflect.DeepEqual(mm.Links(), want) })
 	if got := mm.Stats().Malformed; got != uint64(len(malformed)) {
 		t.Fatalf("the watching mirror skipped %d records, want %d", got, len(malformed))
 	}

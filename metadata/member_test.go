@@ -12,8 +12,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata/embedded"
 )
+
+// patience bounds every wait in these tests. It is generous: a wait ends
+// as soon as its condition holds, and a loaded machine under -race is slow.
+const patience = 20 * time.Second
 
 func startEtcd(t testing.TB) *embedded.Etcd {
 	t.Helper()
@@ -87,7 +92,7 @@ func startMember(t testing.TB, cli *clientv3.Client, id string, mutate ...func(*
 	tm := &testMember{Member: m, store: fs, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(tm.done); m.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-tm.done })
-	waitUntil(t, "registration", func() bool { return m.Epoch() != 0 })
+	eventually.True(t, "registration", patience, func() bool { return m.Epoch() != 0 })
 	return tm
 }
 
@@ -107,17 +112,6 @@ func startMirror(t testing.TB, cli *clientv3.Client, mutate ...func(*MirrorConfi
 	t.Cleanup(func() { cancel(); <-done })
 	<-mm.Ready()
 	return mm
-}
-
-func waitUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // converged waits until the mirror holds exactly what etcd holds and what
@@ -143,12 +137,8 @@ func converged(t testing.TB, cli *clientv3.Client, mm *Mirror, members ...*testM
 		got = mm.Content()
 		return slices.Equal(got, want) && slices.Equal(inEtcd, want)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("mirror did not converge:\nmirror %d records, etcd %d, stores %d\nmirror: %.10v\netcd:   %.10v\nwant:   %.10v", len(got), len(inEtcd), len(want), got, inEtcd, want)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !eventually.Within(patience, ok) {
+		t.Fatalf("mirror did not converge:\nmirror %d records, etcd %d, stores %d\nmirror: %.10v\netcd:   %.10v\nwant:   %.10v", len(got), len(inEtcd), len(want), got, inEtcd, want)
 	}
 }
 
@@ -196,7 +186,7 @@ func TestSnapshotCompactsTheLog(t *testing.T) {
 		}
 	}
 	converged(t, cli, mm, a)
-	waitUntil(t, "a snapshot", func() bool { return a.Stats().Snapshots >= 2 })
+	eventually.True(t, "a snapshot", patience, func() bool { return a.Stats().Snapshots >= 2 })
 	resp, err := cli.Get(context.Background(), "/kvpool/loc/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +225,7 @@ func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 			<-dones[i]
 		}
 	}()
-	waitUntil(t, "three alive members with their load", func() bool {
+	eventually.True(t, "three alive members with their load", patience, func() bool {
 		n := 0
 		for _, p := range gs[0].Peers() {
 			if p.State == "alive" && p.Load.CapacityBytes == 1000 {
@@ -247,7 +237,7 @@ func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 	// Kill g2 without leaving: shut its memberlist down hard.
 	start := time.Now()
 	gs[2].Crash()
-	waitUntil(t, "g0 to declare g2 dead", func() bool { return gs[0].Dead("g2") })
+	eventually.True(t, "g0 to declare g2 dead", patience, func() bool { return gs[0].Dead("g2") })
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("failure detection took %v, want under 2 s", el)
 	} else {
@@ -276,7 +266,7 @@ func TestMirrorLoadSkipsMalformedRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, "the watching mirror to skip 5 records", func() bool { return mm.Stats().Malformed == 5 })
+	eventually.True(t, "the watching mirror to skip 5 records", patience, func() bool { return mm.Stats().Malformed == 5 })
 	fresh := startMirror(t, cli)
 	if got := fresh.Stats().Malformed; got != 5 {
 		t.Fatalf("a loading mirror skipped %d records, want 5", got)

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"log"
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,10 @@ type GossipConfig struct {
 	// Load returns this node's load to gossip; called every second and
 	// after Refresh.
 	Load func() Load
-	// Logger receives gossip's logs. Default: discard.
+	// Logger receives gossip's logs, memberlist's own included, at the
+	// level memberlist tags each line with. It should already carry the
+	// node's id; gossip adds its own name ("component"="gossip"). Default:
+	// discard.
 	Logger *slog.Logger
 }
 
@@ -90,7 +94,10 @@ type Gossip struct {
 	lastTry map[string]time.Time // join attempts by address; Run's goroutine only
 }
 
-// NewGossip binds the gossip port. Run joins and serves it.
+// NewGossip binds the gossip port and starts memberlist on it: from then
+// on the node answers probes and accepts joins. Run joins the seeds and
+// publishes the load, and leaves when it returns. The caller MUST call
+// Run or Shutdown, which stop memberlist.
 func NewGossip(cfg GossipConfig) (*Gossip, error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("metadata: gossip needs a node id")
@@ -131,13 +138,42 @@ func NewGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.GossipInterval = cfg.ProbeInterval / 2
 	mc.PushPullInterval = 10 * cfg.ProbeInterval
 	mc.TCPTimeout = 2 * time.Second
-	mc.LogOutput = io.Discard
+	mc.Logger = log.New(memberlistLog{g.log}, "", 0)
 	mc.Delegate = g
 	mc.Events = g
 	if g.ml, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("metadata: gossip on %s: %w", cfg.BindAddr, err)
 	}
 	return g, nil
+}
+
+// memberlistLog is the writer behind memberlist's *log.Logger, so that its
+// lines ("[WARN] memberlist: ...", one per Write) reach the gossip logger,
+// with its scope, instead of the process's stderr.
+type memberlistLog struct{ log *slog.Logger }
+
+func (w memberlistLog) Write(p []byte) (int, error) {
+	line := strings.TrimSuffix(string(p), "\n")
+	level := slog.LevelInfo
+	if tag, msg, ok := strings.Cut(line, " "); ok {
+		known := true
+		switch tag {
+		case "[DEBUG]":
+			level = slog.LevelDebug
+		case "[INFO]":
+		case "[WARN]":
+			level = slog.LevelWarn
+		case "[ERR]", "[ERROR]":
+			level = slog.LevelError
+		default:
+			known = false
+		}
+		if known {
+			line = msg
+		}
+	}
+	w.log.Log(context.Background(), level, line)
+	return len(p), nil
 }
 
 func freeUDPTCPPort(host string) (int, error) {

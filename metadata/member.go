@@ -52,7 +52,9 @@ type MemberConfig struct {
 	// throughput or round trip moved by more than 5%), or when only sample
 	// counts moved and the last write is 30 s old. Default 1 s.
 	LinkInterval time.Duration
-	// Logger receives the member's logs. Default: discard.
+	// Logger receives the member's logs. It should already carry the
+	// node's id; the member adds its own name ("component"="member").
+	// Default: discard.
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -175,7 +177,7 @@ func NewMember(cfg MemberConfig) (*Member, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "metadata", "node", cfg.Record.ID), keys: keys{cfg.Prefix}, wake: make(chan struct{}, 1)}
+	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "member"), keys: keys{cfg.Prefix}, wake: make(chan struct{}, 1)}
 	return m, nil
 }
 

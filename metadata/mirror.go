@@ -38,7 +38,9 @@ type MirrorConfig struct {
 	// long. After a reload, tenants whose record vanished meanwhile hear
 	// nil.
 	OnPolicy func(tenant string, policy []byte)
-	// Logger receives the mirror's logs. Default: discard.
+	// Logger receives the mirror's logs. It should already carry the
+	// node's id; the mirror adds its own name ("component"="mirror").
+	// Default: discard.
 	Logger *slog.Logger
 }
 

@@ -235,15 +235,18 @@ func TestMemberPublishesLinks(t *testing.T) {
 
 	// A 10% change (and a seed becoming a measurement) is written.
 	toB = LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9, RTTMicros: 100, Samples: 10}
-	src.set(toB)
+	from := src.set(toB)
 	eventually.True(t, "the mirror to see a 10% change", patience, sees(mm, toB))
+	// The mirror can see the write before the member counts it: wait for
+	// the poll that wrote to finish.
+	src.waitPolled(t, from, 1)
 	if w := writes(); w != 2 {
 		t.Fatalf("%d link writes, want 2", w)
 	}
 
 	// A 1% change is not, nor is a new sample count while the record is
 	// fresh.
-	from := src.set(LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9 * 1.01, RTTMicros: 101, Samples: 11})
+	from = src.set(LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9 * 1.01, RTTMicros: 101, Samples: 11})
 	src.waitPolled(t, from, 3)
 	from = src.set(LinkRecord{Peer: "node-b", BytesPerSecond: 1.1e9 * 1.01, RTTMicros: 101, Samples: 20})
 	src.waitPolled(t, from, 3)

@@ -44,7 +44,7 @@ func (l Load) FreeBytes() int64 { return l.CapacityBytes - l.UsedBytes }
 type Peer struct {
 	ID    string
 	Addr  string
-	State string // alive, suspect, dead, left
+	State string // "alive" or "dead"; a node that left is dead
 	Load  Load
 }
 
@@ -59,9 +59,10 @@ type GossipConfig struct {
 	// declared after about ProbeInterval × (2 + SuspicionMult·log10(N+1)).
 	// Default 200 ms.
 	ProbeInterval time.Duration
-	// Seeds returns addresses to join; it is called every ProbeInterval and
-	// the ones not yet members are joined. Typically the gossip addresses
-	// of the node records in etcd.
+	// Seeds returns addresses to join; it is called every ProbeInterval
+	// from Run's goroutine, and the ones not alive in gossip are joined (a
+	// dead one at most every 10 s). Typically the gossip addresses of the
+	// node records in etcd. Default nil: join nobody.
 	Seeds func() []string
 	// Load returns this node's load to gossip; called every second and
 	// after Refresh.
@@ -81,7 +82,8 @@ type Gossip struct {
 	ml   *memberlist.Memberlist
 	meta chan struct{}
 	addr string
-	// crashed is set by crash (tests): Run must not leave or shut down.
+	// crashed is set by Crash (tests), which stopped memberlist without a
+	// goodbye: Shutdown must not leave.
 	crashed atomic.Bool
 	stop    sync.Once
 

@@ -176,7 +176,7 @@ func (m *Member) publishLinks(ctx context.Context) error {
 		return nil
 	}
 	key := m.keys.link(m.cfg.Record.ID)
-	b, err := jsonMarshal(NodeLinks{Node: m.cfg.Record.ID, UnixNano: now.UnixNano(), Links: links})
+	b, err := json.Marshal(NodeLinks{Node: m.cfg.Record.ID, UnixNano: now.UnixNano(), Links: links})
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
 		_, err = m.cfg.Client.Put(pctx, key, string(b), clientv3.WithLease(m.lease))

@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -341,14 +342,14 @@ func (m *Member) register(ctx context.Context) error {
 	rec := m.cfg.Record
 	rec.Epoch = int64(g.ID)
 	rec.StartedUnix = m.cfg.Now().Unix()
-	b, _ := jsonMarshal(rec)
+	b, _ := json.Marshal(rec)
 	// The links record goes out with the registration, so mirrors learn
 	// the new epoch's links at once; with none to publish, an earlier
 	// epoch's record is deleted.
 	links := m.pollLinks()
 	linkOp := clientv3.OpDelete(m.keys.link(rec.ID))
 	if len(links) > 0 {
-		lb, err := jsonMarshal(NodeLinks{Node: rec.ID, UnixNano: m.cfg.Now().UnixNano(), Links: links})
+		lb, err := json.Marshal(NodeLinks{Node: rec.ID, UnixNano: m.cfg.Now().UnixNano(), Links: links})
 		if err != nil {
 			return fmt.Errorf("encode links: %w", err)
 		}

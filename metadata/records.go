@@ -11,7 +11,8 @@ import (
 	"github.com/kvpool/kvpool/api"
 )
 
-// The etcd layout under Config.Prefix (default "/kvpool/"):
+// The etcd layout under the prefix (MemberConfig.Prefix,
+// MirrorConfig.Prefix and NewPolicies' prefix; default "/kvpool/"):
 //
 //	nodes/<node>                         NodeRecord as JSON, on the node's lease
 //	loc/<node>/<epoch>/<seq>             a Batch of location records, on the lease

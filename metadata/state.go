@@ -388,8 +388,8 @@ func (h *holderSets) release(id uint32) {
 	}
 }
 
-// snapshot returns the records the state attributes to each node, for
-// comparisons in tests and for the admin blocks listing.
+// nodeRecords returns up to limit (0: no limit) of the blocks node id
+// holds, as adds, in no particular order: the admin blocks listing.
 func (s *state) nodeRecords(id string, limit int) []Record {
 	n, ok := s.nodes[id]
 	if !ok {
@@ -400,8 +400,8 @@ func (s *state) nodeRecords(id string, limit int) []Record {
 		if _, found := slices.BinarySearch(s.sets.sets[set], n.slot); !found {
 			continue
 		}
-		t, rest, _ := cut(k)
-		ns, key, _ := cut(rest)
+		t, rest, _ := strings.Cut(k, "\x00")
+		ns, key, _ := strings.Cut(rest, "\x00")
 		out = append(out, Record{Op: OpAdd, Tenant: t, Namespace: ns, Key: key})
 		if limit > 0 && len(out) >= limit {
 			break
@@ -410,22 +410,13 @@ func (s *state) nodeRecords(id string, limit int) []Record {
 	return out
 }
 
-func cut(s string) (before, after string, ok bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return s[:i], s[i+1:], true
-		}
-	}
-	return s, "", false
-}
-
 // content lists every (node, block) pair as "node tenant/namespace/hexkey",
 // sorted.
 func (s *state) content() []string {
 	var out []string
 	for k, set := range s.blocks {
-		t, rest, _ := cut(k)
-		ns, key, _ := cut(rest)
+		t, rest, _ := strings.Cut(k, "\x00")
+		ns, key, _ := strings.Cut(rest, "\x00")
 		for _, slot := range s.sets.members(set) {
 			out = append(out, s.slots[slot]+" "+t+"/"+ns+"/"+hex.EncodeToString([]byte(key)))
 		}

@@ -200,8 +200,6 @@ func TestSnapshotCompactsTheLog(t *testing.T) {
 
 func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 	var gs []*Gossip
-	var cancels []context.CancelFunc
-	var dones []chan struct{}
 	for i := range 3 {
 		id := fmt.Sprintf("g%d", i)
 		load := Load{CapacityBytes: 1000, UsedBytes: int64(100 * i), QueueSeconds: float64(i) / 10}
@@ -217,14 +215,11 @@ func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); g.Run(ctx) }()
-		gs, cancels, dones = append(gs, g), append(cancels, cancel), append(dones, done)
+		// Registered at once, so a failure to start the next node still
+		// stops this one.
+		t.Cleanup(func() { cancel(); <-done })
+		gs = append(gs, g)
 	}
-	defer func() {
-		for i := range gs {
-			cancels[i]()
-			<-dones[i]
-		}
-	}()
 	eventually.True(t, "three alive members with their load", patience, func() bool {
 		n := 0
 		for _, p := range gs[0].Peers() {

@@ -1,10 +1,13 @@
 package cost
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 )
 
 // DefaultAccelerator is the accelerator assumed when none is named.
@@ -111,3 +114,45 @@ func (p *Profiles) ModelNames() []string {
 
 // ErrNoProfile marks a model or curve that is not known.
 var ErrNoProfile = errors.New("cost: no such profile")
+
+// Document is a profiles file: model profiles and measured prefill curves,
+// in YAML or JSON ("models:" and "curves:" lists).
+type Document struct {
+	Models []Model `json:"models"`
+	Curves []Curve `json:"curves"`
+}
+
+// ParseDocument reads a profiles document. A GPU anchor document (the
+// JSON gpu_anchor.py writes, with "gpu" and "prefill") is read as the
+// curves it measured. name labels errors (a file name, say).
+func ParseDocument(name string, b []byte) (Document, error) {
+	var probe map[string]any
+	if err := yaml.Unmarshal(b, &probe); err != nil {
+		return Document{}, fmt.Errorf("profiles %s: %w", name, err)
+	}
+	if _, ok := probe["prefill"]; ok {
+		cs, err := ReadAnchorCurves(bytes.NewReader(b), "")
+		if err != nil {
+			return Document{}, fmt.Errorf("profiles %s: %w", name, err)
+		}
+		return Document{Curves: cs}, nil
+	}
+	var doc Document
+	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+		return Document{}, fmt.Errorf("profiles %s: %w", name, err)
+	}
+	return doc, nil
+}
+
+// Add adds or replaces every model and curve of d, reporting every
+// problem.
+func (p *Profiles) Add(d Document) error {
+	var errs []error
+	for _, m := range d.Models {
+		errs = append(errs, p.AddModel(m))
+	}
+	for _, c := range d.Curves {
+		errs = append(errs, p.AddCurve(c))
+	}
+	return errors.Join(errs...)
+}

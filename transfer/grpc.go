@@ -208,9 +208,10 @@ func (g *GRPC) serveWrite(_ any, stream grpc.ServerStream) error {
 	return stream.SendMsg(&rawFrame{b: []byte{}})
 }
 
-func (g *GRPC) conn(addr string) (*grpc.ClientConn, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// connLocked returns the connection to addr, creating it if needed.
+//
+// REQUIRES: g.mu.
+func (g *GRPC) connLocked(addr string) (*grpc.ClientConn, error) {
 	if g.closed {
 		return nil, ErrClosed
 	}
@@ -234,11 +235,15 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 	b := NewBatch(len(ops))
 	for i := range ops {
 		op := ops[i]
-		c, err := g.conn(op.Peer)
+		// The op's goroutines are counted under g.mu, where Close marks g
+		// closed, so none is added to g.wg once Close may be waiting on it.
+		g.mu.Lock()
+		c, err := g.connLocked(op.Peer)
 		if err == nil && op.Kind != Read && op.Kind != Write {
 			err = fmt.Errorf("transfer: op %d: kind %v", i, op.Kind)
 		}
 		if err != nil {
+			g.mu.Unlock()
 			b.Complete(i, 0, err)
 			continue
 		}
@@ -269,6 +274,7 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 			}
 			b.CompleteCRC(i, uint64(len(op.Local)), crc, nil)
 		})
+		g.mu.Unlock()
 	}
 	return b
 }

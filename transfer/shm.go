@@ -521,15 +521,17 @@ func (s *SHM) Submit(ctx context.Context, ops []Op) *Batch {
 	if len(ops) == 0 {
 		return b
 	}
+	// The workers are counted under s.mu, where Close marks s closed, so
+	// none is added to s.wg once Close may be waiting on it.
 	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed {
+		s.mu.Unlock()
 		for i := range ops {
 			b.Complete(i, 0, ErrClosed)
 		}
 		return b
 	}
+	defer s.mu.Unlock()
 	var next atomic.Int64
 	for range min(s.cfg.Workers, len(ops)) {
 		s.wg.Go(func() {

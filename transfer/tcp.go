@@ -248,9 +248,23 @@ type tcpConn struct {
 	c       net.Conn
 }
 
+// newTCPConn returns a connection to addr, its goroutine started. Once t
+// is closed it returns one already broken with ErrClosed, which fails
+// every slice given to it, and starts nothing.
 func newTCPConn(t *TCP, addr string) *tcpConn {
 	c := &tcpConn{t: t, addr: addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
 		closing: make(chan struct{}), ready: make(chan struct{})}
+	// The goroutine is counted under t.mu, where Close marks t closed, so
+	// none is added to t.wg once Close may be waiting on it.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		c.err = ErrClosed
+		c.broken.Store(true)
+		c.once.Do(func() { close(c.closing) })
+		close(c.ready)
+		return c
+	}
 	t.wg.Go(c.run)
 	return c
 }

@@ -115,7 +115,7 @@ func NewGRPC(cfg GRPCConfig) *GRPC {
 }
 
 // Name implements Transport.
-func (g *GRPC) Name() string { return "grpc" }
+func (g *GRPC) Name() string { return ProtocolGRPC.String() }
 
 // Register implements Transport.
 func (g *GRPC) Register(id RegionID, mem []byte) error { return g.register(id, mem) }

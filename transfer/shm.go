@@ -121,7 +121,7 @@ func NewSHM(cfg SHMConfig) *SHM {
 }
 
 // Name implements Transport.
-func (s *SHM) Name() string { return "shm" }
+func (s *SHM) Name() string { return ProtocolSHM.String() }
 
 // ErrNotShareable: the memory is not backed by a file another process can
 // map.

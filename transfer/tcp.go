@@ -69,7 +69,7 @@ func NewTCP(cfg TCPConfig) *TCP {
 }
 
 // Name implements Transport.
-func (t *TCP) Name() string { return "tcp" }
+func (t *TCP) Name() string { return ProtocolTCP.String() }
 
 // Register implements Transport.
 func (t *TCP) Register(id RegionID, mem []byte) error { return t.register(id, mem) }

@@ -74,7 +74,7 @@ type Op struct {
 // Transport moves bytes one-sidedly between registered memory on peers and
 // local buffers. Implementations are safe for concurrent use.
 type Transport interface {
-	// Name is "tcp", "grpc" or "shm".
+	// Name is the transport's Protocol as text: "tcp", "grpc" or "shm".
 	Name() string
 	// Register exposes mem to peers as region id until Deregister.
 	Register(id RegionID, mem []byte) error

@@ -176,6 +176,9 @@ func runConformance(t *testing.T, newPair factory) {
 			if got := b.OpErr(i); (want == nil) != (got == nil) || (want != nil && !errors.Is(got, want)) {
 				t.Errorf("op %d: %v, want %v", i, got, want)
 			}
+			if got := b.OpErr(i); want != nil && !errors.Is(got, api.ErrNotFound) {
+				t.Errorf("op %d: %v is not an api.ErrNotFound", i, got)
+			}
 		}
 		if !bytes.Equal(ops[0].Local, mem[:1000]) || !bytes.Equal(ops[4].Local, mem[500:500+400000]) {
 			t.Fatal("good ops next to bad ones got wrong bytes")
@@ -235,8 +238,21 @@ func runConformance(t *testing.T, newPair factory) {
 		dead := ln.Addr().String()
 		ln.Close()
 		err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: dead, Region: 7, Local: make([]byte, 5)}}).Wait(ctx)
-		if !errors.Is(err, ErrPeer) {
-			t.Fatalf("read from a dead address: %v, want ErrPeer", err)
+		if !errors.Is(err, ErrPeer) || !errors.Is(err, api.ErrUnavailable) {
+			t.Fatalf("read from a dead address: %v, want ErrPeer (api.ErrUnavailable)", err)
+		}
+	})
+	t.Run("after Close ops fail with ErrClosed", func(t *testing.T) {
+		p := newPair(t, make([]byte, 10))
+		if err := p.client.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: make([]byte, 5)}}).Wait(ctx)
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, api.ErrUnavailable) {
+			t.Fatalf("read after Close: %v, want ErrClosed (api.ErrUnavailable)", err)
+		}
+		if err := p.client.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
 		}
 	})
 }

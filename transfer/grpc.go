@@ -9,11 +9,9 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/grpc/status"
 
 	"github.com/kvpool/kvpool/api"
 )
@@ -131,20 +129,26 @@ func ServerOptions() []grpc.ServerOption {
 }
 
 // RegisterServer adds the Transfer service, serving g's regions, to s.
+// The handlers return Go errors; each is turned into a gRPC status here,
+// once, by api.ToStatus (a missing region is NotFound).
 func (g *GRPC) RegisterServer(s *grpc.Server) {
 	s.RegisterService(&grpc.ServiceDesc{
 		ServiceName: grpcService,
 		HandlerType: (*any)(nil),
 		Streams: []grpc.StreamDesc{
-			{StreamName: "Read", ServerStreams: true, Handler: g.serveRead},
-			{StreamName: "Write", ClientStreams: true, Handler: g.serveWrite},
+			{StreamName: "Read", ServerStreams: true, Handler: func(_ any, stream grpc.ServerStream) error {
+				return api.ToStatus(g.serveRead(stream))
+			}},
+			{StreamName: "Write", ClientStreams: true, Handler: func(_ any, stream grpc.ServerStream) error {
+				return api.ToStatus(g.serveWrite(stream))
+			}},
 		},
 	}, g)
 }
 
 func parseHeader(b []byte) (Kind, RegionID, uint64, uint64, error) {
 	if len(b) != 24 {
-		return 0, 0, 0, 0, status.Error(codes.InvalidArgument, "transfer: bad request header")
+		return 0, 0, 0, 0, api.Errorf(api.ErrInvalidArgument, "transfer: bad request header")
 	}
 	return Kind(b[0]), RegionID(binary.LittleEndian.Uint32(b[4:])), binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), nil
 }
@@ -160,14 +164,10 @@ func (g *GRPC) requested(stream grpc.ServerStream) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	mem, err := g.slice(region, off, n)
-	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
-	}
-	return mem, nil
+	return g.slice(region, off, n)
 }
 
-func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
+func (g *GRPC) serveRead(stream grpc.ServerStream) error {
 	src, err := g.requested(stream)
 	if err != nil {
 		return err
@@ -185,7 +185,7 @@ func (g *GRPC) serveRead(_ any, stream grpc.ServerStream) error {
 	return nil
 }
 
-func (g *GRPC) serveWrite(_ any, stream grpc.ServerStream) error {
+func (g *GRPC) serveWrite(stream grpc.ServerStream) error {
 	dst, err := g.requested(stream)
 	if err != nil {
 		return err
@@ -203,7 +203,7 @@ func (g *GRPC) serveWrite(_ any, stream grpc.ServerStream) error {
 		got += f.n
 	}
 	if got != len(dst) {
-		return status.Errorf(codes.InvalidArgument, "transfer: wrote %d of %d bytes", got, len(dst))
+		return api.Errorf(api.ErrInvalidArgument, "transfer: wrote %d of %d bytes", got, len(dst))
 	}
 	return stream.SendMsg(&rawFrame{b: []byte{}})
 }
@@ -344,17 +344,30 @@ func (g *GRPC) run(ctx context.Context, b *Batch, c *grpc.ClientConn, op *Op, of
 	return 0, nil
 }
 
+// opErr classifies what a stream of op failed with, turning a gRPC status
+// back into an error once, by api.FromStatus: the end of the caller's
+// context stays a context error, a missing region is ErrNoRegion, a
+// connection Close shut is ErrClosed, and anything else ErrPeer.
 func (g *GRPC) opErr(ctx context.Context, op *Op, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("transfer: %w", ctx.Err())
 	}
-	switch status.Code(err) {
-	case codes.NotFound:
+	err = api.FromStatus(err)
+	switch {
+	case errors.Is(err, api.ErrNotFound):
 		return fmt.Errorf("%w: region %d on %s", ErrNoRegion, op.Region, op.Peer)
-	case codes.Canceled, codes.DeadlineExceeded:
+	case g.isClosed():
+		return ErrClosed
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("transfer: %w", err)
 	}
-	return fmt.Errorf("%w: %s: %v", ErrPeer, op.Peer, err)
+	return fmt.Errorf("%w: %s: %v: %v", ErrPeer, op.Peer, api.Code(err), err)
+}
+
+func (g *GRPC) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
 }
 
 // Close closes every connection and waits for in-flight streams.

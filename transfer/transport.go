@@ -28,6 +28,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // RegionID names registered memory, like an RDMA rkey.
@@ -87,15 +89,32 @@ type Transport interface {
 	Close() error
 }
 
-// Errors transports report per op. They wrap api errors at the edges.
+// Errors transports report per op. Each is marked with the api sentinel
+// that classifies it, so errors.Is(err, ErrNoRegion) and errors.Is(err,
+// api.ErrNotFound) both hold, and api.Code and api.ToStatus map them
+// without a table of their own.
 var (
-	// ErrNoRegion: the peer has no such region, or the range is outside it.
-	ErrNoRegion = errors.New("transfer: no such region or range")
-	// ErrPeer: the peer could not be reached or failed mid-transfer.
-	ErrPeer = errors.New("transfer: peer unavailable")
-	// ErrClosed: the transport is closed.
-	ErrClosed = errors.New("transfer: transport closed")
+	// ErrNoRegion: the peer has no such region, or the range is outside
+	// it. It is an api.ErrNotFound.
+	ErrNoRegion = mark("transfer: no such region or range", api.ErrNotFound)
+	// ErrPeer: the peer could not be reached or failed mid-transfer. It
+	// is an api.ErrUnavailable.
+	ErrPeer = mark("transfer: peer unavailable", api.ErrUnavailable)
+	// ErrClosed: the transport is closed. It is an api.ErrUnavailable.
+	ErrClosed = mark("transfer: transport closed", api.ErrUnavailable)
 )
+
+// markedError is a sentinel with its own message that unwraps to the api
+// sentinel classifying it [pebble internal/base/error.go].
+type markedError struct {
+	msg  string
+	kind error
+}
+
+func mark(msg string, kind error) error { return &markedError{msg: msg, kind: kind} }
+
+func (e *markedError) Error() string { return e.msg }
+func (e *markedError) Unwrap() error { return e.kind }
 
 // Batch is a submitted set of ops. It completes when every op has.
 type Batch struct {

@@ -1,24 +1,3 @@
-// Package transfer moves block bytes between nodes and measures every
-// link. The Transport interface is shaped like one-sided RDMA, so an RDMA
-// implementation can be added without changing callers:
-//
-//	RDMA verbs                          Transport
-//	ibv_reg_mr(pd, addr, len) → rkey    Register(id, mem): id plays the rkey
-//	ibv_dereg_mr                        Deregister(id)
-//	exchange (addr, rkey) out of band   the peer's Pin RPC returns (region, offset, length)
-//	ibv_post_send(RDMA_READ/WRITE)      Submit(ctx, ops): one work request per Op
-//	ibv_poll_cq / completion channel    Batch.Poll / Batch.Wait
-//	QP error state, flush               the ctx of Submit cancels the batch; ops fail
-//
-// As with RDMA, a peer's memory is named by (region, offset) and nothing
-// on the data path looks a block up by key: the control plane (pinning
-// blocks on the holder, which keeps their bytes in place) happens before,
-// and the bytes move without the holder's CPU touching them beyond the
-// kernel copy (tcp), a stream (grpc) or a memcpy by the reader (shm).
-//
-// The package also keeps per-link bandwidth and latency estimates (Links)
-// and holds the fetch-versus-recompute cost model's inputs. It imports api
-// only.
 package transfer
 
 import (
@@ -216,7 +195,9 @@ func (b *Batch) Poll() (bool, error) {
 }
 
 // Wait blocks until the batch completes or ctx ends, and returns every
-// op's error joined.
+// op's error joined, or ctx's error. NB: when ctx ends first, ops may
+// still be running; their Local buffers are the caller's only once Done
+// is closed.
 func (b *Batch) Wait(ctx context.Context) error {
 	select {
 	case <-b.done:

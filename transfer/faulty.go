@@ -2,23 +2,80 @@ package transfer
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 
 	"github.com/kvpool/kvpool/api"
 )
 
 // Faulty wraps a Transport to inject faults, for tests: corrupt bytes that
-// arrive, stall batches, or run a hook before each submission.
+// arrive, stall batches, or run a hook before each submission. Set
+// Corrupt and BeforeSubmit before the first Submit; Stall may be switched
+// at any time. Close it instead of the wrapped Transport: it closes that
+// too.
 type Faulty struct {
 	Transport
 	// Corrupt, when it returns true for a completed read op, flips one
 	// byte of what arrived.
 	Corrupt func(op Op) bool
-	// Stall makes every batch hang until its context ends, like a link
-	// that stopped moving.
-	Stall atomic.Bool
+	// Stall, while on, makes every batch submitted hang, like a link that
+	// stopped moving, until its context ends (the ops fail with its
+	// error), the Faulty is closed (ErrClosed) or Stall is switched off
+	// (the ops then go to the wrapped Transport).
+	Stall FaultSwitch
 	// BeforeSubmit runs before each submission (kill a peer, say).
 	BeforeSubmit func(ops []Op)
+
+	mu struct {
+		sync.Mutex
+		closed  bool
+		closing chan struct{} // closed by Close; made on first use
+	}
+	// wg counts the goroutines Submit starts. INVARIANT: they are added
+	// under mu while !mu.closed, so Close waits for every one.
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Transport = (*Faulty)(nil)
+
+// FaultSwitch is a fault that is on or off. The zero value is off. Safe for
+// concurrent use.
+type FaultSwitch struct {
+	mu  sync.Mutex
+	on  bool
+	off chan struct{} // while on: closed when it goes off
+}
+
+// Store switches the fault on or off.
+func (s *FaultSwitch) Store(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on == s.on {
+		return
+	}
+	s.on = on
+	if on {
+		s.off = make(chan struct{})
+	} else {
+		close(s.off)
+		s.off = nil
+	}
+}
+
+// Load reports whether the fault is on.
+func (s *FaultSwitch) Load() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.on
+}
+
+// state reports whether the fault is on and, if so, a channel closed when
+// it goes off.
+func (s *FaultSwitch) state() (bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.on, s.off
 }
 
 // Submit implements Transport with the configured faults.
@@ -26,40 +83,95 @@ func (f *Faulty) Submit(ctx context.Context, ops []Op) *Batch {
 	if f.BeforeSubmit != nil {
 		f.BeforeSubmit(ops)
 	}
-	if f.Stall.Load() {
-		b := NewBatch(len(ops))
-		go func() {
-			<-ctx.Done()
-			for i := range ops {
-				b.Complete(i, 0, ctx.Err())
-			}
-		}()
-		return b
+	stalled, resumed := f.Stall.state()
+	if !stalled && f.Corrupt == nil {
+		return f.Transport.Submit(ctx, ops)
 	}
-	inner := f.Transport.Submit(ctx, ops)
-	if f.Corrupt == nil {
-		return inner
+	var inner *Batch
+	if !stalled {
+		inner = f.Transport.Submit(ctx, ops)
 	}
 	out := NewBatch(len(ops))
-	go func() {
-		<-inner.Done()
-		for i, op := range ops {
-			err := inner.OpErr(i)
-			crc := inner.OpCRC(i)
-			if err == nil && op.Kind == Read && len(op.Local) > 0 && f.Corrupt(op) {
-				// As if the wire damaged it: the receiver's checksum sees
-				// the damaged bytes.
-				op.Local[len(op.Local)/2] ^= 0x5a
-				if op.Checksum {
-					crc = api.Checksum(op.Local)
-				}
-			}
-			n := uint64(0)
-			if err == nil {
-				n = uint64(len(op.Local))
-			}
-			out.CompleteCRC(i, n, crc, err)
+	f.mu.Lock()
+	if f.mu.closed {
+		f.mu.Unlock()
+		if inner != nil {
+			return inner // failed or failing with ErrClosed: nothing to corrupt
 		}
-	}()
+		for i := range ops {
+			out.Complete(i, 0, ErrClosed)
+		}
+		return out
+	}
+	closing := f.closingLocked()
+	f.wg.Go(func() {
+		if stalled {
+			select {
+			case <-ctx.Done():
+				for i := range ops {
+					out.Complete(i, 0, ctx.Err())
+				}
+				return
+			case <-closing:
+				for i := range ops {
+					out.Complete(i, 0, ErrClosed)
+				}
+				return
+			case <-resumed:
+				inner = f.Transport.Submit(ctx, ops)
+			}
+		}
+		f.finish(ops, inner, out)
+	})
+	f.mu.Unlock()
 	return out
+}
+
+// finish waits for inner, ops on the wrapped Transport, and completes out
+// with what they did, corrupting what Corrupt picks.
+func (f *Faulty) finish(ops []Op, inner, out *Batch) {
+	<-inner.Done()
+	for i, op := range ops {
+		err := inner.OpErr(i)
+		crc := inner.OpCRC(i)
+		if err == nil && op.Kind == Read && len(op.Local) > 0 && f.Corrupt != nil && f.Corrupt(op) {
+			// As if the wire damaged it: the receiver's checksum sees
+			// the damaged bytes.
+			op.Local[len(op.Local)/2] ^= 0x5a
+			if op.Checksum {
+				crc = api.Checksum(op.Local)
+			}
+		}
+		n := uint64(0)
+		if err == nil {
+			n = uint64(len(op.Local))
+		}
+		out.CompleteCRC(i, n, crc, err)
+	}
+}
+
+// closingLocked returns the channel Close closes.
+//
+// REQUIRES: f.mu.
+func (f *Faulty) closingLocked() chan struct{} {
+	if f.mu.closing == nil {
+		f.mu.closing = make(chan struct{})
+	}
+	return f.mu.closing
+}
+
+// Close fails every stalled batch with ErrClosed, closes the wrapped
+// Transport (which fails the batches it holds) and waits for every
+// goroutine Submit started. It returns the wrapped Transport's error, and
+// the same again if called more than once.
+func (f *Faulty) Close() error {
+	f.mu.Lock()
+	if !f.mu.closed {
+		f.mu.closed = true
+		close(f.closingLocked())
+	}
+	f.mu.Unlock()
+	f.closeOnce.Do(func() { f.closeErr = f.Transport.Close() })
+	f.wg.Wait()
+	return f.closeErr
 }

@@ -277,9 +277,10 @@ func grpcFactory(cfg GRPCConfig) factory {
 		if err != nil {
 			t.Fatal(err)
 		}
-		go s.Serve(ln)
+		served := make(chan struct{})
+		go func() { defer close(served); s.Serve(ln) }()
 		client := NewGRPC(cfg)
-		t.Cleanup(func() { client.Close(); s.Stop(); server.Close() })
+		t.Cleanup(func() { client.Close(); s.Stop(); <-served; server.Close() })
 		return pair{client: client, peer: ln.Addr().String(), mem: mem}
 	}
 }

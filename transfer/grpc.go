@@ -153,22 +153,25 @@ func parseHeader(b []byte) (Kind, RegionID, uint64, uint64, error) {
 	return Kind(b[0]), RegionID(binary.LittleEndian.Uint32(b[4:])), binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:]), nil
 }
 
-// requested receives a stream's header and returns the range of the
-// region it names.
-func (g *GRPC) requested(stream grpc.ServerStream) ([]byte, error) {
+// requested receives a stream's header, which must be for an op of kind
+// (the stream's), and returns the range of the region it names.
+func (g *GRPC) requested(stream grpc.ServerStream, kind Kind) ([]byte, error) {
 	var req rawFrame
 	if err := stream.RecvMsg(&req); err != nil {
 		return nil, err
 	}
-	_, region, off, n, err := parseHeader(req.b)
+	k, region, off, n, err := parseHeader(req.b)
 	if err != nil {
 		return nil, err
+	}
+	if k != kind {
+		return nil, api.Errorf(api.ErrInvalidArgument, "transfer: a %v header on a %v stream", k, kind)
 	}
 	return g.slice(region, off, n)
 }
 
 func (g *GRPC) serveRead(stream grpc.ServerStream) error {
-	src, err := g.requested(stream)
+	src, err := g.requested(stream, Read)
 	if err != nil {
 		return err
 	}
@@ -186,7 +189,7 @@ func (g *GRPC) serveRead(stream grpc.ServerStream) error {
 }
 
 func (g *GRPC) serveWrite(stream grpc.ServerStream) error {
-	dst, err := g.requested(stream)
+	dst, err := g.requested(stream, Write)
 	if err != nil {
 		return err
 	}

@@ -361,7 +361,9 @@ func (s *SHM) mapping(p *shmPeer, id RegionID) (*shmMapping, error) {
 	return m, nil
 }
 
-// request asks p for region id and maps what it answers. p.mu is held.
+// request asks p for region id and maps what it answers.
+//
+// REQUIRES: p.mu.
 func (s *SHM) request(p *shmPeer, id RegionID) (*shmMapping, error) {
 	fail := func(err error) (*shmMapping, error) {
 		p.dead.Store(true)

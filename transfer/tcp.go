@@ -30,7 +30,9 @@ type TCPConfig struct {
 	SliceBytes int
 	// DialTimeout bounds connecting to a peer. Default 2 s.
 	DialTimeout time.Duration
-	// Logger receives the transport's logs. Default: discard.
+	// Logger receives the transport's logs: a connection that failed to
+	// dial or broke (once per connection, never per slice). Default:
+	// discard.
 	Logger *slog.Logger
 }
 
@@ -328,6 +330,7 @@ func (c *tcpConn) run() {
 	if err != nil {
 		close(c.ready)
 		c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+		c.t.log.Debug("transfer connection failed to dial", "peer", c.addr, "err", err)
 		c.drain()
 		return
 	}
@@ -338,6 +341,11 @@ func (c *tcpConn) run() {
 	c.writeLoop(nc)
 	<-done
 	nc.Close()
+	// Close and cancelled batches break connections on purpose; only the
+	// peer or the network failing is worth a line.
+	if err := c.error(); errors.Is(err, ErrPeer) {
+		c.t.log.Warn("transfer connection broke", "peer", c.addr, "err", err)
+	}
 	c.drain()
 }
 

@@ -64,7 +64,10 @@ type Transport interface {
 	// Submit starts ops and returns at once. Cancelling ctx fails the ops
 	// still in flight.
 	Submit(ctx context.Context, ops []Op) *Batch
-	// Close stops the transport; pending batches fail.
+	// Close stops the transport. Every batch submitted before it has
+	// completed when it returns: ops still pending fail (shm lets a copy
+	// under way finish), and later Submits fail with ErrClosed. Calling
+	// it again does nothing.
 	Close() error
 }
 

@@ -31,7 +31,8 @@
 //	 4 key length (u16)          8 value length (u64)
 //	 6 reserved (0)             16 offset in the segment (u64)
 //	 8 CRC-32C (u32)            24 handle (u64)
-//	12 replicas (u32, Put only)
+//	12 argument (u32): copies for Put and Commit, lease ms for Get
+//	   and View with FlagLease, else 0
 //	16 value length (u64)
 //	24 handle (u64)
 package wire
@@ -91,7 +92,8 @@ const (
 	// writer: the response carries the offset and a handle.
 	OpReserve
 	// OpCommit commits the reservation Handle; FlagChecksum asks the node
-	// to check CRC against the bytes it finds.
+	// to check CRC against the bytes it finds, and Replicas asks for
+	// copies as a Put does.
 	OpCommit
 	// OpAbort abandons the reservation Handle. It has no response.
 	OpAbort
@@ -118,7 +120,17 @@ const (
 	// FlagChecksum: the CRC field (or, for a Put, the trailer's CRC) holds
 	// the value's checksum and the node must verify it.
 	FlagChecksum = 1 << 0
+	// FlagLease (Get, View): also take a read lease of LeaseMs on the
+	// block, or of the node's default when LeaseMs is 0.
+	FlagLease = 1 << 1
+	// FlagForce (Remove): remove the block even under a read lease.
+	FlagForce = 1 << 2
 )
+
+// flagsAllowed are the request flags each op accepts.
+var flagsAllowed = [opCount]uint8{
+	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum,
+}
 
 // Response flags.
 const (
@@ -135,9 +147,13 @@ type Request struct {
 	Op    Op
 	Flags uint8
 	CRC   uint32
-	// Replicas asks a Put to place this many copies on distinct nodes in
-	// all (0 and 1 mean just this node).
-	Replicas  uint32
+	// Replicas asks a Put or Commit to place this many copies on distinct
+	// nodes in all (0 and 1 mean just this node).
+	Replicas uint32
+	// LeaseMs is the read lease a Get or View with FlagLease asks for, in
+	// milliseconds (0: the node's default). It shares the header field
+	// with Replicas: no op carries both.
+	LeaseMs   uint32
 	ValueLen  uint64
 	Handle    uint64
 	Tenant    []byte
@@ -157,7 +173,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	h[3] = byte(len(r.Namespace))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(r.Key)))
 	binary.LittleEndian.PutUint32(h[8:], r.CRC)
-	binary.LittleEndian.PutUint32(h[12:], r.Replicas)
+	binary.LittleEndian.PutUint32(h[12:], r.Replicas|r.LeaseMs)
 	binary.LittleEndian.PutUint64(h[16:], r.ValueLen)
 	binary.LittleEndian.PutUint64(h[24:], r.Handle)
 	b = append(b, h[:]...)
@@ -178,15 +194,24 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 	tl, nl := int(h[2]), int(h[3])
 	kl := int(binary.LittleEndian.Uint16(h[4:]))
 	r.CRC = binary.LittleEndian.Uint32(h[8:])
-	r.Replicas = binary.LittleEndian.Uint32(h[12:])
+	arg := binary.LittleEndian.Uint32(h[12:])
+	r.Replicas, r.LeaseMs = 0, 0
 	r.ValueLen = binary.LittleEndian.Uint64(h[16:])
 	r.Handle = binary.LittleEndian.Uint64(h[24:])
 	switch {
 	case r.Op == opInvalid || r.Op >= opCount:
 		return 0, fmt.Errorf("%w: unknown op %d", ErrProtocol, h[0])
-	case r.Flags&^FlagChecksum != 0:
-		return 0, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, r.Flags)
-	case binary.LittleEndian.Uint16(h[6:]) != 0 || (r.Op != OpPut && r.Replicas != 0):
+	case r.Flags&^flagsAllowed[r.Op] != 0:
+		return 0, fmt.Errorf("%w: flags %#x on a %v request", ErrProtocol, r.Flags, r.Op)
+	case r.Op == OpPut || r.Op == OpCommit:
+		r.Replicas = arg
+	case r.Flags&FlagLease != 0:
+		r.LeaseMs = arg
+	case arg != 0:
+		return 0, fmt.Errorf("%w: reserved header bytes are not zero", ErrProtocol)
+	}
+	switch {
+	case binary.LittleEndian.Uint16(h[6:]) != 0:
 		return 0, fmt.Errorf("%w: reserved header bytes are not zero", ErrProtocol)
 	case tl > MaxNameBytes || nl > MaxNameBytes:
 		return 0, fmt.Errorf("%w: name longer than %d bytes", ErrProtocol, MaxNameBytes)

@@ -22,6 +22,23 @@ func TestRequestRoundTrip(t *testing.T) {
 	}
 }
 
+func TestLeaseAndForceRoundTrip(t *testing.T) {
+	for _, in := range []Request{
+		{Op: OpGet, Flags: FlagLease, LeaseMs: 1500, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")},
+		{Op: OpView, Flags: FlagLease, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")},
+		{Op: OpRemove, Flags: FlagForce, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")},
+		{Op: OpCommit, Flags: FlagChecksum, Replicas: 3, Handle: 9},
+	} {
+		var out Request
+		if err := ReadRequest(bytes.NewReader(AppendRequest(nil, &in)), make([]byte, RequestBufferBytes), &out); err != nil {
+			t.Fatalf("%v: %v", in.Op, err)
+		}
+		if out.Op != in.Op || out.Flags != in.Flags || out.LeaseMs != in.LeaseMs || out.Replicas != in.Replicas || out.Handle != in.Handle {
+			t.Errorf("round trip: got %+v, want %+v", out, in)
+		}
+	}
+}
+
 func TestResponseRoundTrip(t *testing.T) {
 	in := Response{Status: 5, Flags: FlagExisted | FlagClose, CRC: 1, ValueLen: 2, Offset: 3, Handle: 4, Message: "no block"}
 	var out Response
@@ -42,6 +59,8 @@ func TestDecodeRejects(t *testing.T) {
 		"unknown flag":      mut(func(b []byte) { b[1] = 0x80 }),
 		"reserved bytes":    mut(func(b []byte) { b[6] = 1 }),
 		"replicas on a get": mut(func(b []byte) { b[12] = 2 }),
+		"force on a get":    mut(func(b []byte) { b[1] = FlagForce }),
+		"checksum on a get": mut(func(b []byte) { b[1] = FlagChecksum }),
 		"long tenant":       mut(func(b []byte) { b[2] = MaxNameBytes + 1 }),
 		"long key":          mut(func(b []byte) { b[4], b[5] = 0, 1 }),
 	}

@@ -77,11 +77,12 @@ type GossipConfig struct {
 // Gossip runs memberlist among daemons: fast failure detection (well under
 // an etcd lease TTL) and the dissemination of every node's Load.
 type Gossip struct {
-	cfg  GossipConfig
-	log  *slog.Logger
-	ml   *memberlist.Memberlist
-	meta chan struct{}
-	addr string
+	cfg   GossipConfig
+	log   *slog.Logger
+	ml    *memberlist.Memberlist
+	mlLog *memberlistLog // memberlist's log lines, dropped after Shutdown
+	meta  chan struct{}
+	addr  string
 	// crashed is set by Crash (tests), which stopped memberlist without a
 	// goodbye: Shutdown must not leave.
 	crashed atomic.Bool
@@ -140,7 +141,8 @@ func NewGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.GossipInterval = cfg.ProbeInterval / 2
 	mc.PushPullInterval = 10 * cfg.ProbeInterval
 	mc.TCPTimeout = 2 * time.Second
-	mc.Logger = log.New(memberlistLog{g.log}, "", 0)
+	g.mlLog = &memberlistLog{log: g.log}
+	mc.Logger = log.New(g.mlLog, "", 0)
 	mc.Delegate = g
 	mc.Events = g
 	if g.ml, err = memberlist.Create(mc); err != nil {
@@ -152,9 +154,29 @@ func NewGossip(cfg GossipConfig) (*Gossip, error) {
 // memberlistLog is the writer behind memberlist's *log.Logger, so that its
 // lines ("[WARN] memberlist: ...", one per Write) reach the gossip logger,
 // with its scope, instead of the process's stderr.
-type memberlistLog struct{ log *slog.Logger }
+//
+// memberlist's Shutdown does not wait for its goroutines, and one may
+// still be logging a moment later; close drops every line after it, so
+// nothing writes to the caller's logger once the gossip is shut down.
+type memberlistLog struct {
+	log *slog.Logger
+	mu  sync.RWMutex
+	off bool // under mu
+}
 
-func (w memberlistLog) Write(p []byte) (int, error) {
+// close waits for a line being logged and drops every later one.
+func (w *memberlistLog) close() {
+	w.mu.Lock()
+	w.off = true
+	w.mu.Unlock()
+}
+
+func (w *memberlistLog) Write(p []byte) (int, error) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.off {
+		return len(p), nil
+	}
 	line := strings.TrimSuffix(string(p), "\n")
 	level := slog.LevelInfo
 	if tag, msg, ok := strings.Cut(line, " "); ok {
@@ -370,6 +392,7 @@ func (g *Gossip) Shutdown() {
 			g.ml.Leave(time.Second)
 			g.ml.Shutdown()
 		}
+		g.mlLog.close()
 	})
 }
 
@@ -379,4 +402,5 @@ func (g *Gossip) Shutdown() {
 func (g *Gossip) Crash() {
 	g.crashed.Store(true)
 	g.ml.Shutdown()
+	g.mlLog.close()
 }

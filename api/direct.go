@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -64,10 +65,11 @@ const directDialTimeout = time.Second
 // client reads each block from its best holder itself, verifying its
 // CRC-32C: over the holder's shared memory when it runs on this host and
 // its data channel otherwise, unless the client was configured for the
-// data channel or gRPC, which it then uses for holders too. A holder that cannot be reached, no
-// longer has the block or sends bytes that fail their checksum is replaced
-// by the next one. Nothing is stored on the connected node; Fetch does
-// that. Connections to holders are kept for reuse until Close.
+// data channel or gRPC, which it then uses for holders too. A holder that
+// cannot be reached, no longer has the block or sends bytes that fail
+// their checksum is replaced by the next one (PullFromHolders). Nothing is
+// stored on the connected node; Fetch does that. Connections to holders
+// are kept for reuse until Close.
 //
 // The error is for the whole call; per-key outcomes are in the results
 // (ErrNotFound when no live node holds a key).
@@ -77,92 +79,59 @@ func (c *Client) GetDirect(ctx context.Context, tenant, namespace string, keys [
 		return nil, err
 	}
 	out := make([]DirectResult, len(keys))
-	type want struct {
-		i     int
-		tried int
-	}
-	var missing []*want
+	errs := make([]error, len(keys))
 	for i := range keys {
 		if len(routes[i]) == 0 {
-			out[i].Err = fmt.Errorf("%w: client: no live node holds %s/%s/%x", ErrNotFound, tenant, namespace, keys[i])
-			continue
+			errs[i] = fmt.Errorf("%w: client: no live node holds %s/%s/%x", ErrNotFound, tenant, namespace, keys[i])
 		}
-		missing = append(missing, &want{i: i})
 	}
-	for len(missing) > 0 && ctx.Err() == nil {
-		groups := map[string][]*want{}
-		var order []string
-		for _, w := range missing {
-			addr := routes[w.i][w.tried].Addr
-			if _, ok := groups[addr]; !ok {
-				order = append(order, addr)
+	PullFromHolders(ctx, routes, errs, func(h Holder) string { return h.Addr }, func(ctx context.Context, h Holder, items []int) []error {
+		got := make([]error, len(items))
+		hc, derr := c.holderClient(ctx, h)
+		if derr != nil {
+			for j := range got {
+				got[j] = derr
 			}
-			groups[addr] = append(groups[addr], w)
+			return got
 		}
-		missing = missing[:0]
-		var mu sync.Mutex
+		var next sync.Mutex
+		k := 0
+		var unreachable atomic.Bool
 		var wg sync.WaitGroup
-		for _, addr := range order {
-			group := groups[addr]
+		for range min(directWorkers, len(items)) {
 			wg.Go(func() {
-				src := routes[group[0].i][group[0].tried]
-				hc, derr := c.holderClient(ctx, src)
-				var next sync.Mutex
-				k := 0
-				unreachable := false // under mu
-				var inner sync.WaitGroup
-				for range min(directWorkers, len(group)) {
-					inner.Go(func() {
-						for {
-							next.Lock()
-							if k == len(group) {
-								next.Unlock()
-								return
-							}
-							w := group[k]
-							k++
-							next.Unlock()
-							err := derr
-							var v []byte
-							if err == nil {
-								v, err = hc.GetValue(ctx, BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[w.i]})
-							}
-							mu.Lock()
-							out[w.i] = DirectResult{Value: v, Source: src.NodeID, Err: err}
-							if Code(err) == codes.Unavailable {
-								unreachable = true
-							}
-							if err != nil && retryElsewhere(err) && w.tried+1 < len(routes[w.i]) && ctx.Err() == nil {
-								w.tried++
-								missing = append(missing, w)
-							}
-							mu.Unlock()
-						}
-					})
-				}
-				inner.Wait()
-				mu.Lock()
-				drop := derr == nil && hc != c && unreachable
-				mu.Unlock()
-				if drop {
-					// Calls still using it fail over to other holders.
-					c.dropHolder(src.Addr, hc)
+				for {
+					next.Lock()
+					j := k
+					k++
+					next.Unlock()
+					if j >= len(items) {
+						return
+					}
+					i := items[j]
+					v, err := hc.GetValue(ctx, BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[i]})
+					out[i] = DirectResult{Value: v, Source: h.NodeID}
+					got[j] = err
+					if Code(err) == codes.Unavailable {
+						unreachable.Store(true)
+					}
 				}
 			})
 		}
 		wg.Wait()
+		if unreachable.Load() && hc != c {
+			// Calls still using it fail over to other holders.
+			c.holders.drop(h.Addr, hc)
+		}
+		return got
+	})
+	for i := range out {
+		out[i].Err = errs[i]
+		if errs[i] != nil {
+			out[i].Value = nil
+		}
 	}
 	return out, nil
-}
-
-// retryElsewhere reports whether another holder may succeed where one
-// failed with err.
-func retryElsewhere(err error) bool {
-	switch Code(err) {
-	case codes.Unavailable, codes.NotFound, codes.DataLoss, codes.DeadlineExceeded, codes.Aborted:
-		return true
-	}
-	return false
 }
 
 // holderClient returns a client of the node h, the connected one itself
@@ -171,61 +140,80 @@ func (c *Client) holderClient(ctx context.Context, h Holder) (*Client, error) {
 	if h.NodeID == c.info.GetNodeId() || h.Addr == c.cfg.Server {
 		return c, nil
 	}
-	c.hmu.Lock()
-	if hc, ok := c.holders[h.Addr]; ok {
-		c.hmu.Unlock()
-		return hc, nil
-	}
-	c.hmu.Unlock()
-	path := PathAuto // the holder's shared memory if it is on this host
-	if c.cfg.Path == PathData || c.cfg.Path == PathGRPC {
-		path = c.cfg.Path
-	}
-	hc, err := Dial(ctx, ClientConfig{Server: h.Addr, Path: path, MaxIdleConns: directWorkers, DialTimeout: min(c.cfg.DialTimeout, directDialTimeout),
-		VerifySharedReads: true, Logger: c.cfg.Logger, DialOptions: c.cfg.DialOptions})
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	return c.holders.get(h.Addr, func() (*Client, error) {
+		path := PathAuto // the holder's shared memory if it is on this host
+		if c.cfg.Path == PathData || c.cfg.Path == PathGRPC {
+			path = c.cfg.Path
 		}
-		return nil, fmt.Errorf("%w: client: holder %s at %s: %v", ErrUnavailable, h.NodeID, h.Addr, err)
+		hc, err := Dial(ctx, ClientConfig{Server: h.Addr, Path: path, MaxIdleConns: directWorkers, DialTimeout: min(c.cfg.DialTimeout, directDialTimeout),
+			VerifySharedReads: true, Logger: c.cfg.Logger, DialOptions: c.cfg.DialOptions})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: client: holder %s at %s: %v", ErrUnavailable, h.NodeID, h.Addr, err)
+		}
+		return hc, nil
+	})
+}
+
+// holderClients are the clients of other nodes GetDirect reads from, by
+// address. Safe for concurrent use.
+type holderClients struct {
+	mu sync.Mutex
+	m  map[string]*Client
+}
+
+// get returns the client for addr, dialing one with dial (outside the
+// lock) when there is none.
+func (hc *holderClients) get(addr string, dial func() (*Client, error)) (*Client, error) {
+	hc.mu.Lock()
+	if c, ok := hc.m[addr]; ok {
+		hc.mu.Unlock()
+		return c, nil
 	}
-	c.hmu.Lock()
-	defer c.hmu.Unlock()
-	if c.holders == nil {
-		c.holders = map[string]*Client{}
+	hc.mu.Unlock()
+	c, err := dial()
+	if err != nil {
+		return nil, err
 	}
-	if old, ok := c.holders[h.Addr]; ok {
-		hc.Close()
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if old, ok := hc.m[addr]; ok {
+		c.Close()
 		return old, nil
 	}
-	c.holders[h.Addr] = hc
-	return hc, nil
+	if hc.m == nil {
+		hc.m = map[string]*Client{}
+	}
+	hc.m[addr] = c
+	return c, nil
 }
 
-// dropHolder forgets a holder's client after it failed, so the next call
-// dials afresh.
-func (c *Client) dropHolder(addr string, hc *Client) {
-	c.hmu.Lock()
-	if c.holders[addr] == hc {
-		delete(c.holders, addr)
+// drop forgets and closes a holder's client after it failed, so the next
+// call dials afresh.
+func (hc *holderClients) drop(addr string, c *Client) {
+	hc.mu.Lock()
+	if hc.m[addr] == c {
+		delete(hc.m, addr)
 	} else {
-		hc = nil
+		c = nil // another call dropped (and closed) it already
 	}
-	c.hmu.Unlock()
-	if hc != nil {
-		hc.Close()
+	hc.mu.Unlock()
+	if c != nil {
+		c.Close()
 	}
 }
 
-// closeHolders closes every holder client.
-func (c *Client) closeHolders() error {
-	c.hmu.Lock()
-	hs := c.holders
-	c.holders = nil
-	c.hmu.Unlock()
+// closeAll closes every holder client.
+func (hc *holderClients) closeAll() error {
+	hc.mu.Lock()
+	m := hc.m
+	hc.m = nil
+	hc.mu.Unlock()
 	var errs []error
-	for _, hc := range hs {
-		errs = append(errs, hc.Close())
+	for _, c := range m {
+		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
 }

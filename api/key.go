@@ -43,6 +43,34 @@ func ValidateKey(key []byte) error {
 	return nil
 }
 
+// ValidateKeyBytes checks a block's tenant, namespace and key as they
+// arrive off the wire, without allocating when they are valid (the node's
+// hot path); the error is ValidateName's or ValidateKey's.
+func ValidateKeyBytes(tenant, namespace, key []byte) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if !validName(tenant) {
+		return ValidateName("tenant", string(tenant))
+	}
+	if !validName(namespace) {
+		return ValidateName("namespace", string(namespace))
+	}
+	return nil
+}
+
+func validName(b []byte) bool {
+	if len(b) == 0 || len(b) > MaxNameBytes {
+		return false
+	}
+	for _, c := range b {
+		if !nameChar(c) {
+			return false
+		}
+	}
+	return true
+}
+
 // ValidateName checks a tenant or namespace name: 1 to MaxNameBytes
 // characters from [A-Za-z0-9._-]. kind names the field in the error.
 func ValidateName(kind, name string) error {

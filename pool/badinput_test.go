@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 // Every test here feeds a node bad input and then checks the three
@@ -53,22 +55,9 @@ func intact(t *testing.T, n *Node, c *api.Client, s sentinel) {
 	if err := c.Remove(ctx, k); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "open reservations to drain", func() bool { return n.Store().Stats().Reservations == 0 })
+	eventually.True(t, "open reservations to drain", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 	if err := n.Store().checkConsistency(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond until it holds; handlers release resources just after
-// the client sees the error, so a few checks need to wait for them.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -143,11 +132,11 @@ func TestBadKeysAndNames(t *testing.T) {
 				// The client checks first; make sure the node does too.
 				switch path {
 				case api.PathGRPC:
-					_, err := c.RPC().BatchPut(ctx, &kvpoolv1.BatchPutRequest{Items: []*kvpoolv1.BatchPutItem{{Key: &kvpoolv1.BlockKey{Tenant: tc.k.Tenant, Namespace: tc.k.Namespace, Key: tc.k.Key}, Value: []byte("v")}}})
+					_, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).BatchPut(ctx, &kvpoolv1.BatchPutRequest{Items: []*kvpoolv1.BatchPutItem{{Key: &kvpoolv1.BlockKey{Tenant: tc.k.Tenant, Namespace: tc.k.Namespace, Key: tc.k.Key}, Value: []byte("v")}}})
 					if err != nil {
 						t.Fatal(err)
 					}
-					_, err = c.RPC().Remove(ctx, &kvpoolv1.RemoveRequest{Key: &kvpoolv1.BlockKey{Tenant: tc.k.Tenant, Namespace: tc.k.Namespace, Key: tc.k.Key}})
+					_, err = kvpoolv1.NewKVPoolServiceClient(c.Conn()).Remove(ctx, &kvpoolv1.RemoveRequest{Key: &kvpoolv1.BlockKey{Tenant: tc.k.Tenant, Namespace: tc.k.Namespace, Key: tc.k.Key}})
 					if got := api.Code(err); got != codes.InvalidArgument {
 						t.Errorf("node remove: %v, want InvalidArgument", got)
 					}
@@ -243,7 +232,7 @@ func TestSizeHeaderDisagreesWithBytes(t *testing.T) {
 		declared uint64
 	}{{"grpc: more bytes than declared", 900}, {"grpc: fewer bytes than declared", 1100}} {
 		t.Run(tc.name, func(t *testing.T) {
-			stream, err := c.RPC().Put(context.Background())
+			stream, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -273,7 +262,7 @@ func TestTruncatedAndAbandonedPuts(t *testing.T) {
 		raw := rawConn(t, n)
 		f := putFrame(k, uint64(len(body)), body, api.Checksum(body), wire.FlagChecksum)
 		raw.Write(f[:len(f)/2])
-		waitFor(t, "the reservation to open", func() bool { return n.Store().Stats().Reservations == 1 })
+		eventually.True(t, "the reservation to open", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 1 })
 		raw.Close()
 	})
 	t.Run("data: stream ends inside the trailer", func(t *testing.T) {
@@ -284,7 +273,7 @@ func TestTruncatedAndAbandonedPuts(t *testing.T) {
 		expectClosed(t, raw)
 	})
 	t.Run("grpc: client sends half and closes the stream", func(t *testing.T) {
-		stream, err := c.RPC().Put(context.Background())
+		stream, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,19 +286,19 @@ func TestTruncatedAndAbandonedPuts(t *testing.T) {
 	})
 	t.Run("grpc: client cancels mid-stream", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		stream, err := c.RPC().Put(ctx)
+		stream, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Header{Header: &kvpoolv1.PutHeader{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, SizeBytes: uint64(len(body))}}})
 		stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Chunk{Chunk: body[:1<<20]}})
-		waitFor(t, "the reservation to open", func() bool { return n.Store().Stats().Reservations >= 1 })
+		eventually.True(t, "the reservation to open", 10*time.Second, func() bool { return n.Store().Stats().Reservations >= 1 })
 		cancel()
 	})
 	t.Run("grpc: stalled stream outlives the reservation timeout", func(t *testing.T) {
 		// Send the header and nothing more, without closing the stream:
 		// the node gives up after ReservationTimeout.
-		stream2, err := c.RPC().Put(context.Background())
+		stream2, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,7 +309,7 @@ func TestTruncatedAndAbandonedPuts(t *testing.T) {
 			t.Fatalf("stalled put: %v, want FailedPrecondition after the reservation timeout", err)
 		}
 	})
-	waitFor(t, "abandoned reservations to be aborted", func() bool { return n.Store().Stats().Reservations == 0 })
+	eventually.True(t, "abandoned reservations to be aborted", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 	if _, err := c.GetValue(context.Background(), k); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a truncated put left a block behind: %v", err)
 	}
@@ -352,13 +341,13 @@ func TestChecksumMismatch(t *testing.T) {
 		}
 	})
 	t.Run("grpc", func(t *testing.T) {
-		stream, _ := c.RPC().Put(ctx)
+		stream, _ := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(ctx)
 		stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Header{Header: &kvpoolv1.PutHeader{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, SizeBytes: uint64(len(body)), Crc32C: &wrong}}})
 		stream.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Chunk{Chunk: body}})
 		if _, err := stream.CloseAndRecv(); api.Code(err) != codes.DataLoss {
 			t.Fatalf("got %v, want DataLoss", err)
 		}
-		res, err := c.RPC().BatchPut(ctx, &kvpoolv1.BatchPutRequest{Items: []*kvpoolv1.BatchPutItem{{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, Value: body, Crc32C: &wrong}}})
+		res, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).BatchPut(ctx, &kvpoolv1.BatchPutRequest{Items: []*kvpoolv1.BatchPutItem{{Key: &kvpoolv1.BlockKey{Tenant: k.Tenant, Namespace: k.Namespace, Key: k.Key}, Value: body, Crc32C: &wrong}}})
 		if err != nil || codes.Code(res.GetResults()[0].GetStatus().GetCode()) != codes.DataLoss {
 			t.Fatalf("batch put with a wrong crc: %v %v, want DataLoss", res, err)
 		}
@@ -547,4 +536,21 @@ func TestConcurrentPutsOfOneKey(t *testing.T) {
 		})
 		intact(t, n, c, s)
 	}
+}
+
+// A Put stream that sends no message at all is the client's mistake
+// (InvalidArgument), not the node's (Internal "EOF").
+func TestPutStreamWithoutMessages(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n, api.PathGRPC)
+	s := putSentinel(t, c)
+	stream, err := kvpoolv1.NewKVPoolServiceClient(c.Conn()).Put(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.CloseAndRecv()
+	if code := status.Code(err); code != codes.InvalidArgument || !strings.Contains(err.Error(), "header") {
+		t.Fatalf("empty put stream: %v (%v), want InvalidArgument naming the missing header", code, err)
+	}
+	intact(t, n, c, s)
 }

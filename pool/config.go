@@ -18,25 +18,37 @@ import (
 	"github.com/kvpool/kvpool/transfer/cost"
 )
 
-// Config configures a node. New copies it, fills defaults for zero fields
-// and reports every problem at once.
+// Config configures a node: one embedded Config per component, plus what
+// the whole node shares. New copies it, fills defaults for zero fields and
+// reports every problem at once.
 type Config struct {
 	// NodeID names the node in the cluster: [A-Za-z0-9._-]{1,64}. Required.
 	NodeID string
 
-	// ListenAddr is the TCP address that serves gRPC and the framed data
-	// channel (told apart by their first bytes). Default "127.0.0.1:7070";
-	// port 0 picks a free port, see Node.Addr.
-	ListenAddr string
-	// MetricsAddr serves Prometheus /metrics, /healthz and /readyz over
-	// HTTP. Empty disables it.
-	MetricsAddr string
-	// ShmSocket is the unix socket that hands same-host clients the
-	// segment. Default $TMPDIR/kvpool-<NodeID>.sock; see DisableShm.
-	ShmSocket string
-	// DisableShm turns the same-host shared-memory path off.
-	DisableShm bool
+	StoreConfig
+	ServerConfig
+	ClusterConfig
+	TransferConfig
+	PlanConfig
 
+	// Version is reported by Info. Default "dev".
+	Version string
+	// Logger receives the node's logs; the node scopes it with its id and
+	// each component's name. Default: discard.
+	Logger *slog.Logger
+	// Registerer receives the node's metrics. Default: a private registry
+	// (served on MetricsAddr).
+	Registerer prometheus.Registerer
+	// Gatherer serves /metrics; it must see what Registerer registers.
+	// Default: the private registry, or prometheus.DefaultGatherer when
+	// Registerer is prometheus.DefaultRegisterer.
+	Gatherer prometheus.Gatherer
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// StoreConfig configures the arena and the block store over it.
+type StoreConfig struct {
 	// CapacityBytes is the size of the shared-memory arena in bytes.
 	// Required; a multiple of PageBytes.
 	CapacityBytes int64
@@ -54,22 +66,62 @@ type Config struct {
 	// (under /dev/shm) instead of an anonymous memfd, so other processes
 	// can map it by name. The file is removed on Close.
 	SegmentPath string
-
 	// ReservationTimeout is how long a reservation may stay uncommitted
 	// before it is reclaimed. Default 30 s.
 	ReservationTimeout time.Duration
+	// MaxNamespaces bounds distinct (tenant, namespace) pairs. Default 4096.
+	MaxNamespaces int
+	// DefaultTenant is how the blocks of tenants without a stored policy
+	// are kept (policies live in etcd, set with `kvpool policy set`).
+	// Default: LRU, no quota.
+	DefaultTenant eviction.TenantConfig
+	// HighWatermark and LowWatermark are fractions of the arena: once a
+	// reservation would take it past High, the node evicts down to Low,
+	// from tenants over their quota and tenants without one (the largest
+	// first), never a tenant below its quota, a leased block or space
+	// reserved for a put. Defaults 0.95 and 0.90.
+	HighWatermark, LowWatermark float64
+	// DisableEviction turns automatic eviction off: a put that finds its
+	// tenant at quota or the arena full fails with ResourceExhausted and
+	// the caller decides what to remove (TTLs still expire blocks).
+	DisableEviction bool
+	// LeaseDefault is a read lease's length when a caller asks for one
+	// without saying (the CLI and client default); LeaseMax caps what a
+	// caller may ask. Defaults 10 s and 60 s.
+	LeaseDefault, LeaseMax time.Duration
+}
+
+// ServerConfig configures the node's doors: the TCP port shared by gRPC,
+// the data channel and the tcp transport, the unix socket of same-host
+// clients, and the metrics listener.
+type ServerConfig struct {
+	// ListenAddr is the TCP address that serves gRPC, the framed data
+	// channel and the tcp transport (told apart by their first bytes).
+	// Default "127.0.0.1:7070"; port 0 picks a free port, see Node.Addr.
+	ListenAddr string
+	// MetricsAddr serves Prometheus /metrics, /healthz and /readyz over
+	// HTTP. Empty disables it.
+	MetricsAddr string
+	// ShmSocket is the unix socket that hands same-host clients the
+	// segment. Default $TMPDIR/kvpool-<NodeID>.sock; see DisableShm.
+	ShmSocket string
+	// DisableShm turns the same-host shared-memory path off.
+	DisableShm bool
 	// IOTimeout bounds how long the data channel waits for the rest of a
 	// frame once it has started, and for a write to drain. Default 30 s.
 	IOTimeout time.Duration
 	// IdleTimeout closes data-channel connections that send nothing for
 	// this long. Default 10 min.
 	IdleTimeout time.Duration
-	// MaxNamespaces bounds distinct (tenant, namespace) pairs. Default 4096.
-	MaxNamespaces int
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.
 	GetChunkBytes int
+}
 
+// ClusterConfig configures the node's membership: its records in etcd,
+// its mirror of everyone's, and gossip. Without Etcd the node runs
+// standalone and the rest is unused.
+type ClusterConfig struct {
 	// Etcd, when set, makes the node a cluster member: it registers in
 	// etcd on a lease, publishes where its blocks are, mirrors where
 	// everyone's are, and gossips liveness and load. The caller owns the
@@ -89,15 +141,19 @@ type Config struct {
 	// AdvertiseAddr is the address other nodes and clients reach this node
 	// at. Default: the bound listen address.
 	AdvertiseAddr string
-	// Zone is a free-form failure domain shown to operators.
+	// Zone is a free-form failure domain shown to operators; copies of a
+	// block go to other zones first.
 	Zone string
+}
 
-	// Transport is how this node pulls blocks from peers: "tcp" (framed,
-	// striped over TransferConns connections), "grpc" (streams with a
-	// raw-bytes codec) or "shm" (peers on the same host, by HostID, are
-	// read through their mapped segment; others over tcp). The node
-	// serves all three; shm needs shared memory on. Default "tcp".
-	Transport string
+// TransferConfig configures how the node moves blocks to and from peers.
+type TransferConfig struct {
+	// Transport is how this node pulls blocks from peers: tcp (framed,
+	// striped over TransferConns connections), grpc (streams with a
+	// raw-bytes codec) or shm (peers on the same host, by HostID, are read
+	// through their mapped segment; others over tcp). The node serves all
+	// three; shm needs shared memory on. Default tcp.
+	Transport transfer.Protocol
 	// TransferConns is how many connections the tcp transport keeps per
 	// peer. Default 2.
 	TransferConns int
@@ -106,26 +162,13 @@ type Config struct {
 	FetchTimeout time.Duration
 	// Links seeds and tunes the per-link bandwidth estimates.
 	Links transfer.LinkConfig
-	// DefaultTenant is how the blocks of tenants without a stored policy
-	// are kept (policies live in etcd, set with `kvpool admin policy
-	// set`). Default: LRU, no quota.
-	DefaultTenant eviction.TenantConfig
-	// HighWatermark and LowWatermark are fractions of the arena: once a
-	// reservation would take it past High, the node evicts down to Low,
-	// from tenants over their quota and tenants without one (the largest
-	// first), never a tenant below its quota, a leased block or space
-	// reserved for a put. Defaults 0.95 and 0.90.
-	HighWatermark, LowWatermark float64
-	// DisableEviction turns automatic eviction off: a put that finds its
-	// tenant at quota or the arena full fails with ResourceExhausted and
-	// the caller decides what to remove (the behaviour before policies;
-	// TTLs still expire blocks).
-	DisableEviction bool
-	// LeaseDefault is a read lease's length when a caller asks for one
-	// without saying (the CLI and client default); LeaseMax caps what a
-	// caller may ask. Defaults 10 s and 60 s.
-	LeaseDefault, LeaseMax time.Duration
+	// WrapTransport, when set, wraps the transport the node pulls with
+	// (fault injection in tests: transfer.Faulty).
+	WrapTransport func(transfer.Transport) transfer.Transport
+}
 
+// PlanConfig configures what Estimate and Plan assume.
+type PlanConfig struct {
 	// Model is the model profile Estimate and Plan assume when a request
 	// names none. It must be in Profiles. Default "llama3-8b".
 	Model string
@@ -141,23 +184,6 @@ type Config struct {
 	// reads. Default: the built-in ones (cost.NewProfiles). The node only
 	// reads it; do not modify it after New.
 	Profiles *cost.Profiles
-	// WrapTransport, when set, wraps the transport the node pulls with
-	// (fault injection in tests: transfer.Faulty).
-	WrapTransport func(transfer.Transport) transfer.Transport
-
-	// Version is reported by Info. Default "dev".
-	Version string
-	// Logger receives the node's logs. Default: discard.
-	Logger *slog.Logger
-	// Registerer receives the node's metrics. Default: a private registry
-	// (served on MetricsAddr).
-	Registerer prometheus.Registerer
-	// Gatherer serves /metrics; it must see what Registerer registers.
-	// Default: the private registry, or prometheus.DefaultGatherer when
-	// Registerer is prometheus.DefaultRegisterer.
-	Gatherer prometheus.Gatherer
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
 }
 
 const (
@@ -168,7 +194,8 @@ const (
 // DefaultConfig returns a Config for a node with the given id and capacity
 // and every other field at its default.
 func DefaultConfig(nodeID string, capacityBytes int64) Config {
-	c := Config{NodeID: nodeID, CapacityBytes: capacityBytes}
+	c := Config{NodeID: nodeID}
+	c.CapacityBytes = capacityBytes
 	c.fillDefaults()
 	return c
 }
@@ -177,85 +204,21 @@ func DefaultConfig(nodeID string, capacityBytes int64) Config {
 // and no metrics listener: what tests that run many nodes in one process
 // want.
 func TestConfig(nodeID string, capacityBytes int64) Config {
-	c := Config{
-		NodeID:             nodeID,
-		CapacityBytes:      capacityBytes,
-		ListenAddr:         "127.0.0.1:0",
-		ReservationTimeout: 2 * time.Second,
-		IOTimeout:          5 * time.Second,
-	}
+	c := Config{NodeID: nodeID}
+	c.CapacityBytes = capacityBytes
+	c.ListenAddr = "127.0.0.1:0"
+	c.ReservationTimeout = 2 * time.Second
+	c.IOTimeout = 5 * time.Second
 	c.fillDefaults()
 	return c
 }
 
 func (c *Config) fillDefaults() {
-	if c.ListenAddr == "" {
-		c.ListenAddr = defaultListenAddr
-	}
-	if c.ShmSocket == "" && !c.DisableShm && c.NodeID != "" {
-		c.ShmSocket = filepath.Join(os.TempDir(), "kvpool-"+c.NodeID+".sock")
-	}
-	if c.PageBytes == 0 {
-		c.PageBytes = 4 << 10
-	}
-	if c.MaxBlockBytes == 0 {
-		c.MaxBlockBytes = min(64<<20, c.CapacityBytes)
-	}
-	if c.ReservationTimeout == 0 {
-		c.ReservationTimeout = 30 * time.Second
-	}
-	if c.IOTimeout == 0 {
-		c.IOTimeout = 30 * time.Second
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 10 * time.Minute
-	}
-	if c.MaxNamespaces == 0 {
-		c.MaxNamespaces = 4096
-	}
-	if c.GetChunkBytes == 0 {
-		c.GetChunkBytes = 1 << 20
-	}
-	if c.MetadataPrefix == "" {
-		c.MetadataPrefix = "/kvpool/"
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 5 * time.Second
-	}
-	if c.GossipProbeInterval == 0 {
-		c.GossipProbeInterval = 200 * time.Millisecond
-	}
-	if c.Transport == "" {
-		c.Transport = "tcp"
-	}
-	if c.TransferConns == 0 {
-		c.TransferConns = 2
-	}
-	if c.FetchTimeout == 0 {
-		c.FetchTimeout = time.Second
-	}
-	c.DefaultTenant = c.DefaultTenant.WithDefaults()
-	if c.HighWatermark == 0 && c.LowWatermark == 0 {
-		c.HighWatermark, c.LowWatermark = 0.95, 0.90
-	}
-	if c.LeaseDefault == 0 {
-		c.LeaseDefault = 10 * time.Second
-	}
-	if c.LeaseMax == 0 {
-		c.LeaseMax = 60 * time.Second
-	}
-	if c.Model == "" {
-		c.Model = "llama3-8b"
-	}
-	if c.Accelerator == "" {
-		c.Accelerator = cost.DefaultAccelerator
-	}
-	if c.BlockTokens == 0 {
-		c.BlockTokens = 16
-	}
-	if c.Profiles == nil {
-		c.Profiles = cost.NewProfiles()
-	}
+	c.StoreConfig.fill()
+	c.ServerConfig.fill(c.NodeID)
+	c.ClusterConfig.fill()
+	c.TransferConfig.fill()
+	c.PlanConfig.fill()
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -278,6 +241,88 @@ func (c *Config) fillDefaults() {
 	}
 }
 
+func (c *StoreConfig) fill() {
+	if c.PageBytes == 0 {
+		c.PageBytes = 4 << 10
+	}
+	if c.MaxBlockBytes == 0 {
+		c.MaxBlockBytes = min(64<<20, c.CapacityBytes)
+	}
+	if c.ReservationTimeout == 0 {
+		c.ReservationTimeout = 30 * time.Second
+	}
+	if c.MaxNamespaces == 0 {
+		c.MaxNamespaces = 4096
+	}
+	c.DefaultTenant = c.DefaultTenant.WithDefaults()
+	if c.HighWatermark == 0 && c.LowWatermark == 0 {
+		c.HighWatermark, c.LowWatermark = 0.95, 0.90
+	}
+	if c.LeaseDefault == 0 {
+		c.LeaseDefault = 10 * time.Second
+	}
+	if c.LeaseMax == 0 {
+		c.LeaseMax = 60 * time.Second
+	}
+}
+
+func (c *ServerConfig) fill(nodeID string) {
+	if c.ListenAddr == "" {
+		c.ListenAddr = defaultListenAddr
+	}
+	if c.ShmSocket == "" && !c.DisableShm && nodeID != "" {
+		c.ShmSocket = filepath.Join(os.TempDir(), "kvpool-"+nodeID+".sock")
+	}
+	if c.IOTimeout == 0 {
+		c.IOTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.GetChunkBytes == 0 {
+		c.GetChunkBytes = 1 << 20
+	}
+}
+
+func (c *ClusterConfig) fill() {
+	if c.MetadataPrefix == "" {
+		c.MetadataPrefix = "/kvpool/"
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 5 * time.Second
+	}
+	if c.GossipProbeInterval == 0 {
+		c.GossipProbeInterval = 200 * time.Millisecond
+	}
+}
+
+func (c *TransferConfig) fill() {
+	if c.Transport == 0 {
+		c.Transport = transfer.ProtocolTCP
+	}
+	if c.TransferConns == 0 {
+		c.TransferConns = 2
+	}
+	if c.FetchTimeout == 0 {
+		c.FetchTimeout = time.Second
+	}
+}
+
+func (c *PlanConfig) fill() {
+	if c.Model == "" {
+		c.Model = "llama3-8b"
+	}
+	if c.Accelerator == "" {
+		c.Accelerator = cost.DefaultAccelerator
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = 16
+	}
+	if c.Profiles == nil {
+		c.Profiles = cost.NewProfiles()
+	}
+}
+
 // Validate reports every problem with c, after filling defaults in a copy,
 // without opening anything: what New would reject. Settings that only
 // apply with Etcd set are checked only then.
@@ -289,80 +334,18 @@ func (c Config) Validate() error {
 // validate reports every problem with c.
 func (c *Config) validate() error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if err := api.ValidateName("node id", c.NodeID); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PageBytes < 512 || c.PageBytes > 1<<20 || bits.OnesCount64(uint64(c.PageBytes)) != 1 {
-		bad("page size %d bytes: want a power of two from 512 B to 1 MiB", c.PageBytes)
+	errs = append(errs, c.StoreConfig.validate()...)
+	errs = append(errs, c.ServerConfig.validate()...)
+	if c.Etcd != nil {
+		errs = append(errs, c.ClusterConfig.validate()...)
 	}
-	switch {
-	case c.CapacityBytes <= 0:
-		bad("capacity %d bytes: want a positive size such as 1GiB", c.CapacityBytes)
-	case c.PageBytes > 0 && c.CapacityBytes%c.PageBytes != 0:
-		bad("capacity %d bytes is not a multiple of the %d-byte page", c.CapacityBytes, c.PageBytes)
-	case c.PageBytes > 0 && c.CapacityBytes/c.PageBytes > maxPages:
-		bad("capacity %d bytes is more than %d pages of %d bytes; raise the page size", c.CapacityBytes, int64(maxPages), c.PageBytes)
-	}
-	switch {
-	case c.MaxBlockBytes <= 0:
-		bad("max block size %d bytes: want a positive size", c.MaxBlockBytes)
-	case c.MaxBlockBytes > maxValueBytes:
-		bad("max block size %d bytes exceeds the limit of %d", c.MaxBlockBytes, int64(maxValueBytes))
-	case c.CapacityBytes > 0 && c.MaxBlockBytes > c.CapacityBytes:
-		bad("max block size %d bytes exceeds the capacity of %d bytes", c.MaxBlockBytes, c.CapacityBytes)
-	}
-	if c.ReservationTimeout < 0 || c.IOTimeout < 0 || c.IdleTimeout < 0 {
-		bad("timeouts must not be negative")
-	}
-	if c.MaxNamespaces < 1 {
-		bad("max namespaces %d: want at least 1", c.MaxNamespaces)
-	}
-	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
-		bad("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)
-	}
-	if c.Etcd != nil && c.LeaseTTL < 2*time.Second {
-		bad("lease TTL %v: want at least 2s", c.LeaseTTL)
-	}
-	if c.Transport != "tcp" && c.Transport != "grpc" && c.Transport != "shm" {
-		bad("transport %q: want tcp, grpc or shm", c.Transport)
-	}
-	if c.Transport == "shm" && c.DisableShm {
-		bad("transport shm needs shared memory, which is disabled")
-	}
-	if c.TransferConns < 1 || c.TransferConns > 64 {
-		bad("transfer connections %d: want 1 to 64", c.TransferConns)
-	}
-	if c.FetchTimeout < 0 {
-		bad("fetch timeout must not be negative")
-	}
-	if c.Zone != "" {
-		if err := api.ValidateName("zone", c.Zone); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := c.DefaultTenant.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if !(c.LowWatermark > 0 && c.LowWatermark <= c.HighWatermark && c.HighWatermark <= 1) {
-		bad("watermarks: want 0 < low (%v) ≤ high (%v) ≤ 1", c.LowWatermark, c.HighWatermark)
-	}
-	if c.LeaseDefault < 0 || c.LeaseMax < c.LeaseDefault {
-		bad("leases: want 0 ≤ default (%v) ≤ max (%v)", c.LeaseDefault, c.LeaseMax)
-	}
-	if c.BlockTokens < 1 {
-		bad("block tokens %d: want a positive count", c.BlockTokens)
-	}
-	if err := api.ValidateName("accelerator", c.Accelerator); err != nil {
-		errs = append(errs, err)
-	}
-	if _, err := c.Profiles.Model(c.Model); err != nil {
-		errs = append(errs, err)
-	} else if _, err := c.Profiles.Curve(c.Model, c.Accelerator); err != nil {
-		errs = append(errs, err)
-	}
-	if !c.DisableShm && len(c.transferSocket()) > 107 {
-		bad("shm socket path %q is too long: it and %q must fit the 107 bytes a unix socket allows", c.ShmSocket, c.transferSocket())
+	errs = append(errs, c.TransferConfig.validate()...)
+	errs = append(errs, c.PlanConfig.validate()...)
+	if c.Transport == transfer.ProtocolSHM && c.DisableShm {
+		errs = append(errs, errors.New("transport shm needs shared memory, which is disabled"))
 	}
 	if len(errs) == 0 {
 		return nil
@@ -370,6 +353,109 @@ func (c *Config) validate() error {
 	return fmt.Errorf("pool: invalid config: %w", errors.Join(errs...))
 }
 
+// problems collects a component's configuration errors.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+func (c *StoreConfig) validate() []error {
+	var p problems
+	if c.PageBytes < 512 || c.PageBytes > 1<<20 || bits.OnesCount64(uint64(c.PageBytes)) != 1 {
+		p.add("page size %d bytes: want a power of two from 512 B to 1 MiB", c.PageBytes)
+	}
+	switch {
+	case c.CapacityBytes <= 0:
+		p.add("capacity %d bytes: want a positive size such as 1GiB", c.CapacityBytes)
+	case c.PageBytes > 0 && c.CapacityBytes%c.PageBytes != 0:
+		p.add("capacity %d bytes is not a multiple of the %d-byte page", c.CapacityBytes, c.PageBytes)
+	case c.PageBytes > 0 && c.CapacityBytes/c.PageBytes > maxPages:
+		p.add("capacity %d bytes is more than %d pages of %d bytes; raise the page size", c.CapacityBytes, int64(maxPages), c.PageBytes)
+	}
+	switch {
+	case c.MaxBlockBytes <= 0:
+		p.add("max block size %d bytes: want a positive size", c.MaxBlockBytes)
+	case c.MaxBlockBytes > maxValueBytes:
+		p.add("max block size %d bytes exceeds the limit of %d", c.MaxBlockBytes, int64(maxValueBytes))
+	case c.CapacityBytes > 0 && c.MaxBlockBytes > c.CapacityBytes:
+		p.add("max block size %d bytes exceeds the capacity of %d bytes", c.MaxBlockBytes, c.CapacityBytes)
+	}
+	if c.ReservationTimeout < 0 {
+		p.add("reservation timeout %v must not be negative", c.ReservationTimeout)
+	}
+	if c.MaxNamespaces < 1 {
+		p.add("max namespaces %d: want at least 1", c.MaxNamespaces)
+	}
+	if err := c.DefaultTenant.Validate(); err != nil {
+		p = append(p, err)
+	}
+	if !(c.LowWatermark > 0 && c.LowWatermark <= c.HighWatermark && c.HighWatermark <= 1) {
+		p.add("watermarks: want 0 < low (%v) ≤ high (%v) ≤ 1", c.LowWatermark, c.HighWatermark)
+	}
+	if c.LeaseDefault < 0 || c.LeaseMax < c.LeaseDefault {
+		p.add("leases: want 0 ≤ default (%v) ≤ max (%v)", c.LeaseDefault, c.LeaseMax)
+	}
+	return p
+}
+
+func (c *ServerConfig) validate() []error {
+	var p problems
+	if c.IOTimeout < 0 || c.IdleTimeout < 0 {
+		p.add("io and idle timeouts must not be negative")
+	}
+	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
+		p.add("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)
+	}
+	if !c.DisableShm && len(c.transferSocket()) > 107 {
+		p.add("shm socket path %q is too long: it and %q must fit the 107 bytes a unix socket allows", c.ShmSocket, c.transferSocket())
+	}
+	return p
+}
+
 // transferSocket is where the shm transport serves this node's segment to
 // other nodes on the host: next to ShmSocket.
-func (c *Config) transferSocket() string { return c.ShmSocket + ".transfer" }
+func (c *ServerConfig) transferSocket() string { return c.ShmSocket + ".transfer" }
+
+func (c *ClusterConfig) validate() []error {
+	var p problems
+	if c.LeaseTTL < 2*time.Second {
+		p.add("lease TTL %v: want at least 2s", c.LeaseTTL)
+	}
+	if c.Zone != "" {
+		if err := api.ValidateName("zone", c.Zone); err != nil {
+			p = append(p, err)
+		}
+	}
+	return p
+}
+
+func (c *TransferConfig) validate() []error {
+	var p problems
+	switch c.Transport {
+	case transfer.ProtocolTCP, transfer.ProtocolGRPC, transfer.ProtocolSHM:
+	default:
+		p.add("transport %v: want tcp, grpc or shm", c.Transport)
+	}
+	if c.TransferConns < 1 || c.TransferConns > 64 {
+		p.add("transfer connections %d: want 1 to 64", c.TransferConns)
+	}
+	if c.FetchTimeout < 0 {
+		p.add("fetch timeout %v must not be negative", c.FetchTimeout)
+	}
+	return p
+}
+
+func (c *PlanConfig) validate() []error {
+	var p problems
+	if c.BlockTokens < 1 {
+		p.add("block tokens %d: want a positive count", c.BlockTokens)
+	}
+	if err := api.ValidateName("accelerator", c.Accelerator); err != nil {
+		p = append(p, err)
+	}
+	if _, err := c.Profiles.Model(c.Model); err != nil {
+		p = append(p, err)
+	} else if _, err := c.Profiles.Curve(c.Model, c.Accelerator); err != nil {
+		p = append(p, err)
+	}
+	return p
+}

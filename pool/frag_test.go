@@ -49,7 +49,7 @@ func churn(b *testing.B, size func(*rand.Rand) int64) (occupancy, ext, internal 
 		b.Fatal(err)
 	}
 	defer seg.close()
-	s := newStore(&cfg, seg, nil)
+	s := newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
 	r := rand.New(rand.NewPCG(7, 7))
 	var keys [][]byte
 	next := 0

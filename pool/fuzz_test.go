@@ -36,7 +36,7 @@ func FuzzDataChannel(f *testing.F) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			n.serveData(context.Background(), server, nil)
+			n.data.serve(context.Background(), server, newSession())
 			server.Close()
 		}()
 		go io.Copy(io.Discard, client)

@@ -76,7 +76,7 @@ func metadataRun(b *testing.B, blocks, blockBytes int) (float64, time.Duration, 
 	pausesBefore := gcPauses()
 	runtime.GC()
 	before := heapBytes()
-	s := newStore(&cfg, seg, nil)
+	s := newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
 	tenant, ns := []byte("acme"), []byte("llama3-8b")
 	for i := range blocks {
 		key := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))

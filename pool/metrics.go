@@ -4,6 +4,7 @@ import (
 	"context"
 	"path"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // metrics are the node's Prometheus metrics. Usage gauges are read from
@@ -26,7 +29,7 @@ type metrics struct {
 	badPolicies   prometheus.Counter
 }
 
-func newMetrics(n *Node) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, st *Store) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_requests_total",
@@ -58,8 +61,8 @@ func newMetrics(n *Node) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, &storeCollector{n.store}} {
-		if err := n.cfg.Registerer.Register(c); err != nil {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, &storeCollector{st}} {
+		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
@@ -87,14 +90,18 @@ func (m *metrics) dataOp(op wire.Op, code codes.Code) {
 	(*c).Inc()
 }
 
+// unaryInterceptor and streamInterceptor are the gRPC edge: every
+// handler's Go error becomes a status here, once, through the one table
+// (api.ToStatus), and is counted.
 func (m *metrics) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
+	err = api.ToStatus(err)
 	m.requests.WithLabelValues("grpc", path.Base(info.FullMethod), api.Code(err).String()).Inc()
 	return resp, err
 }
 
 func (m *metrics) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	err := h(srv, ss)
+	err := api.ToStatus(h(srv, ss))
 	m.requests.WithLabelValues("grpc", path.Base(info.FullMethod), api.Code(err).String()).Inc()
 	return err
 }
@@ -159,4 +166,36 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descTEvicted, t.Expirations, t.Tenant, "ttl")
 		counter(descTRejected, t.Rejected, t.Tenant)
 	}
+}
+
+// linkCollector reports link estimates at scrape time.
+type linkCollector struct {
+	links *transfer.Links
+	now   func() time.Time
+}
+
+var (
+	descLinkBW  = prometheus.NewDesc("kvpool_transfer_link_bandwidth_bytes_per_second", "Estimated bandwidth from a peer.", []string{"peer"}, nil)
+	descLinkRTT = prometheus.NewDesc("kvpool_transfer_link_rtt_seconds", "Estimated round trip to a peer.", []string{"peer"}, nil)
+)
+
+func (lc *linkCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descLinkBW; ch <- descLinkRTT }
+
+func (lc *linkCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range lc.links.All(lc.now()) {
+		ch <- prometheus.MustNewConstMetric(descLinkBW, prometheus.GaugeValue, e.BytesPerSecond, e.Peer)
+		ch <- prometheus.MustNewConstMetric(descLinkRTT, prometheus.GaugeValue, e.RTT.Seconds(), e.Peer)
+	}
+}
+
+// linkRecords are the measured links into self, for the member to
+// publish: every daemon plans with the whole link matrix.
+func linkRecords(estimates []transfer.Estimate, self string) []metadata.LinkRecord {
+	var out []metadata.LinkRecord
+	for _, e := range estimates {
+		if e.Peer != self {
+			out = append(out, metadata.LinkRecord{Peer: e.Peer, BytesPerSecond: e.BytesPerSecond, RTTMicros: e.RTT.Microseconds(), Samples: e.Samples})
+		}
+	}
+	return out
 }

@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -23,12 +20,15 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
-	"github.com/kvpool/kvpool/eviction"
-	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/transfer"
 )
 
-// Node is one kvpool daemon: a Store and the servers in front of it.
+// Node is one kvpool daemon: a Store and the doors in front of it, wired
+// together. The doors' handlers live in their own files and see the rest
+// of the node only through the small interfaces they declare: the KV and
+// admin gRPC services (kvservice.go, adminservice.go), the data channel
+// and the shm socket (dataserver.go), and the transfer endpoints (the
+// transports' servers, routed by listen.go).
 //
 // New opens the segment and binds every listener, so Addr is known at once
 // and a busy port fails early; it starts no goroutines of its own (gossip's
@@ -39,47 +39,29 @@ import (
 // segment and the listeners; call it after Run returns (or instead of Run).
 type Node struct {
 	cfg      Config
-	log      *slog.Logger
+	log      *slog.Logger // scoped with the node's id; components add their name
 	seg      *segment
 	versions *segment // see Store.versions; nil without shared memory
 	store    *Store
 	metrics  *metrics
 	hostID   string
 	cluster  *cluster // nil for a standalone node
-
-	engineMu sync.Mutex
-	engine   metadata.Load // the local engine's last ReportLoad
-
-	// Tenant policies of a standalone node (with a cluster they live in
-	// etcd).
-	localMu       sync.Mutex
-	localPolicies map[string]eviction.TenantConfig
+	engine   *engineLoad
 
 	// Transfers: every transport serves the arena as arenaRegion to peers
-	// (shm only with shared memory on); transport (tcp or grpc, per
-	// Config.Transport) pulls from peers, and shmPull, when
-	// Config.Transport is shm, from peers on this host.
-	tcpT      *transfer.TCP
-	grpcT     *transfer.GRPC
-	shmT      *transfer.SHM // nil with DisableShm
-	transport transfer.Transport
-	shmPull   transfer.Transport // nil unless Config.Transport is shm
-	links     *transfer.Links
-	peers     peerConns
+	// (shm only with shared memory on); the fetcher pulls with the one
+	// Config.Transport names.
+	tcpT    *transfer.TCP
+	grpcT   *transfer.GRPC
+	shmT    *transfer.SHM // nil with DisableShm
+	links   *transfer.Links
+	fetcher *fetcher
+	planner *planner
+	data    *dataServer
 
-	tcpLis  net.Listener
-	shmLis  *net.UnixListener
-	xferLis *net.UnixListener // the shm transport's socket; nil with DisableShm
-	httpLis net.Listener
-
+	doors   doors
 	grpcSrv *grpc.Server
 	health  *health.Server
-	grpcLis *chanListener
-
-	// conns tracks open data connections so shutdown can close them.
-	connsMu sync.Mutex
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup // data-connection and helper goroutines
 
 	ready     chan struct{}
 	closeOnce sync.Once
@@ -89,19 +71,15 @@ type Node struct {
 // ShutdownGrace is how long Run lets in-flight gRPC calls finish.
 const ShutdownGrace = 5 * time.Second
 
-// New validates cfg, maps the segment and binds the listeners.
+// New validates cfg, maps the segment, binds the listeners and wires the
+// components together.
 func New(cfg Config) (*Node, error) {
 	cfg.fillDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "pool", "node", cfg.NodeID),
-		conns:  map[net.Conn]struct{}{},
-		ready:  make(chan struct{}),
-		hostID: api.HostID(),
-	}
+	log := cfg.Logger.With("node", cfg.NodeID)
+	n := &Node{cfg: cfg, log: log.With("component", "pool"), ready: make(chan struct{}), hostID: api.HostID()}
 	seg, err := openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory)
 	if err != nil {
 		return nil, err
@@ -115,37 +93,76 @@ func New(cfg Config) (*Node, error) {
 		}
 		words = n.versions.words()[:pages]
 	}
-	n.store = newStore(&n.cfg, seg, words)
-	if err := n.listen(); err != nil {
+	n.store = newStore(&n.cfg.StoreConfig, cfg.Now, seg, words)
+	n.doors.ioTimeout, n.doors.log = cfg.IOTimeout, n.log
+	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
-	if n.metrics, err = newMetrics(n); err != nil {
+	if n.metrics, err = newMetrics(cfg.Registerer, n.store); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
+	n.engine = &engineLoad{profiles: cfg.Profiles, now: cfg.Now, store: n.store}
+
+	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
-	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, Logger: cfg.Logger})
+	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, Logger: log})
 	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{})
 	n.tcpT.Register(arenaRegion, seg.mem)
 	n.grpcT.Register(arenaRegion, seg.mem)
-	n.transport = n.tcpT
-	if cfg.Transport == "grpc" {
-		n.transport = n.grpcT
+	var pull, shmPull transfer.Transport = n.tcpT, nil
+	if cfg.Transport == transfer.ProtocolGRPC {
+		pull = n.grpcT
 	}
 	if !cfg.DisableShm {
 		n.shmT = transfer.NewSHM(transfer.SHMConfig{})
 		if err := n.shmT.RegisterFile(arenaRegion, seg.file, 0, uint64(len(seg.mem))); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
-		if cfg.Transport == "shm" {
-			n.shmPull = n.shmT
+		if cfg.Transport == transfer.ProtocolSHM {
+			shmPull = n.shmT
 		}
 	}
 	if cfg.WrapTransport != nil {
-		n.transport = cfg.WrapTransport(n.transport)
-		if n.shmPull != nil {
-			n.shmPull = cfg.WrapTransport(n.shmPull)
+		pull = cfg.WrapTransport(pull)
+		if shmPull != nil {
+			shmPull = cfg.WrapTransport(shmPull)
 		}
 	}
+	if err := cfg.Registerer.Register(&linkCollector{links: n.links, now: cfg.Now}); err != nil {
+		return nil, errors.Join(err, n.Close())
+	}
+
+	// Membership.
+	if cfg.Etcd != nil {
+		if n.cluster, err = newCluster(n, log); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		n.store.sink = n.cluster.member
+		n.engine.refresh = n.cluster.gossip.Refresh
+		if err := cfg.Registerer.Register(&clusterCollector{n.cluster}); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+	}
+	var view clusterView // nil interface when standalone
+	if n.cluster != nil {
+		view = n.cluster
+	}
+
+	n.fetcher = &fetcher{
+		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
+		store: n.store, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
+		peers: newPeerPool(), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
+	}
+	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
+		load: n.engine.load, now: cfg.Now}
+	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
+	n.data = &dataServer{
+		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
+		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, hello: n.hello,
+	}
+
+	// The gRPC server: the services, each mapping its errors to codes
+	// once, in the interceptors (metrics.go).
 	n.grpcSrv = grpc.NewServer(append(transfer.ServerOptions(),
 		grpc.MaxRecvMsgSize(MaxBatchBytes+1<<20),
 		grpc.MaxSendMsgSize(MaxBatchBytes+1<<20),
@@ -153,83 +170,69 @@ func New(cfg Config) (*Node, error) {
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
 	)...)
 	n.grpcT.RegisterServer(n.grpcSrv)
-	if err := cfg.Registerer.Register(&linkCollector{n}); err != nil {
-		return nil, errors.Join(err, n.Close())
+	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, &kvService{
+		info: n.info(), store: n.store, leases: leases, fetch: n.fetcher, replicas: n.fetcher, plan: n.planner,
+		engine: n.engine, tasks: &n.doors.tasks, reservationTimeout: cfg.ReservationTimeout, getChunkBytes: cfg.GetChunkBytes,
+		memoryLocked: seg.locked, now: cfg.Now,
+	})
+	admin := &adminService{self: cfg.NodeID, transport: cfg.Transport.String(), links: n.links, tenants: n.store,
+		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.store), now: cfg.Now}
+	if n.cluster != nil {
+		admin.cluster = n.cluster
 	}
-	if cfg.Etcd != nil {
-		if n.cluster, err = newCluster(n); err != nil {
-			return nil, errors.Join(err, n.Close())
-		}
-		if err := cfg.Registerer.Register(&clusterCollector{n.cluster}); err != nil {
-			return nil, errors.Join(err, n.Close())
-		}
-	}
-	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, &grpcService{n: n})
-	kvpoolv1.RegisterAdminServiceServer(n.grpcSrv, &adminService{n: n})
+	kvpoolv1.RegisterAdminServiceServer(n.grpcSrv, admin)
 	n.health = health.NewServer()
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
 	return n, nil
 }
 
-func (n *Node) listen() error {
-	var err error
-	if n.tcpLis, err = net.Listen("tcp", n.cfg.ListenAddr); err != nil {
-		return fmt.Errorf("pool: listen on %s: %w", n.cfg.ListenAddr, err)
+// info is what Info reports.
+func (n *Node) info() *kvpoolv1.InfoResponse {
+	return &kvpoolv1.InfoResponse{
+		NodeId:        n.cfg.NodeID,
+		Version:       n.cfg.Version,
+		HostId:        n.hostID,
+		ShmSocket:     n.ShmSocket(),
+		DataChannel:   true,
+		MaxBlockBytes: uint64(n.cfg.MaxBlockBytes),
+		MaxKeyBytes:   api.MaxKeyBytes,
+		PageBytes:     uint64(n.cfg.PageBytes),
+		CapacityBytes: uint64(n.cfg.CapacityBytes),
 	}
-	n.grpcLis = newChanListener(n.tcpLis.Addr())
-	if n.cfg.MetricsAddr != "" {
-		if n.httpLis, err = net.Listen("tcp", n.cfg.MetricsAddr); err != nil {
-			return fmt.Errorf("pool: listen for metrics on %s: %w", n.cfg.MetricsAddr, err)
-		}
-	}
-	if !n.cfg.DisableShm {
-		if n.shmLis, err = listenUnix(n.cfg.ShmSocket); err != nil {
-			return err
-		}
-		if n.xferLis, err = listenUnix(n.cfg.transferSocket()); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
-// listenUnix binds a unix socket, replacing a stale socket file that no
-// live process listens on.
-func listenUnix(path string) (*net.UnixListener, error) {
-	addr := &net.UnixAddr{Name: path, Net: "unix"}
-	l, err := net.ListenUnix("unix", addr)
-	if err != nil && errors.Is(err, syscall.EADDRINUSE) {
-		if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
-			c.Close()
-			return nil, fmt.Errorf("pool: shm socket %s is in use by a running node", path)
-		}
-		if rerr := os.Remove(path); rerr != nil {
-			return nil, fmt.Errorf("pool: remove stale shm socket %s: %w", path, rerr)
-		}
-		l, err = net.ListenUnix("unix", addr)
+// hello is what a same-host client receives on the shm socket: the Hello,
+// and the descriptors of the segment and of the version words.
+func (n *Node) hello() ([]byte, []int) {
+	h := wire.AppendHello(nil, &wire.Hello{SegmentBytes: uint64(len(n.seg.mem)), PageBytes: uint32(n.cfg.PageBytes),
+		VersionWords: uint64(len(n.store.versions)), NodeID: n.cfg.NodeID})
+	return h, []int{int(n.seg.file.Fd()), int(n.versions.file.Fd())}
+}
+
+// advertised is the address others reach this node's gRPC service and
+// data channel at.
+func (n *Node) advertised() string {
+	if n.cfg.AdvertiseAddr != "" {
+		return n.cfg.AdvertiseAddr
 	}
-	if err != nil {
-		return nil, fmt.Errorf("pool: listen on shm socket %s: %w", path, err)
-	}
-	l.SetUnlinkOnClose(true)
-	return l, nil
+	return n.doors.tcp.Addr().String()
 }
 
 // Addr is the address serving gRPC and the data channel.
-func (n *Node) Addr() net.Addr { return n.tcpLis.Addr() }
+func (n *Node) Addr() net.Addr { return n.doors.tcp.Addr() }
 
 // MetricsAddr is the address serving /metrics, or nil.
 func (n *Node) MetricsAddr() net.Addr {
-	if n.httpLis == nil {
+	if n.doors.http == nil {
 		return nil
 	}
-	return n.httpLis.Addr()
+	return n.doors.http.Addr()
 }
 
 // ShmSocket is the path of the shared-memory socket, or "".
 func (n *Node) ShmSocket() string {
-	if n.shmLis == nil {
+	if n.doors.shm == nil {
 		return ""
 	}
 	return n.cfg.ShmSocket
@@ -244,48 +247,51 @@ func (n *Node) Links() *transfer.Links { return n.links }
 // ID returns the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
+// Plan answers a fetch-or-recompute query as the Plan RPC does, without
+// the RPC (benchmarks and tools in this module).
+func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) { return n.planner.Plan(q) }
+
 // Ready is closed once Run is serving.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
 
 // Run serves until ctx is done, then shuts down gracefully. It returns nil
-// after a clean shutdown.
+// after a clean shutdown, else every service's error.
 func (n *Node) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var g sync.WaitGroup
-	errc := make(chan error, 8)
-	start := func(name string, f func() error) {
-		g.Go(func() {
-			if err := f(); err != nil {
-				errc <- fmt.Errorf("pool: %s: %w", name, err)
-				cancel()
-			}
-		})
-	}
+	g := services{cancel: cancel}
 	var httpSrv *http.Server
-	if n.httpLis != nil {
+	if n.doors.http != nil {
 		httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		start("metrics server", func() error {
-			if err := httpSrv.Serve(n.httpLis); !errors.Is(err, http.ErrServerClosed) {
+		g.Go("metrics server", func() error {
+			if err := httpSrv.Serve(n.doors.http); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
 		})
 	}
-	start("grpc server", func() error {
-		if err := n.grpcSrv.Serve(n.grpcLis); !errors.Is(err, grpc.ErrServerStopped) {
+	g.Go("grpc server", func() error {
+		if err := n.grpcSrv.Serve(n.doors.grpc); !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
-	start("accept loop", func() error { return n.acceptTCP(ctx) })
-	if n.shmLis != nil {
-		start("shm accept loop", func() error { return n.acceptShm(ctx) })
-		start("shm transfer server", func() error { return n.shmT.Serve(ctx, n.xferLis) })
+	g.Go("accept loop", func() error {
+		return n.doors.acceptTCP(ctx, func(c net.Conn) { n.data.serve(ctx, c, newSession()) }, func(ctx context.Context, c net.Conn) error {
+			err := n.tcpT.ServeConn(ctx, c)
+			if err != nil {
+				n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
+			}
+			return err
+		})
+	})
+	if n.doors.shm != nil {
+		g.Go("shm accept loop", func() error { return n.doors.acceptShm(ctx, n.data.serveShm) })
+		g.Go("shm transfer server", func() error { return n.shmT.Serve(ctx, n.doors.xfer) })
 	}
-	start("reservation sweeper", func() error { n.sweep(ctx); return nil })
+	g.Go("reservation sweeper", func() error { n.sweep(ctx); return nil })
 	if n.cluster != nil {
-		n.cluster.run(ctx, start)
+		n.cluster.run(ctx, &g)
 	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(kvpoolv1.KVPoolService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -296,10 +302,7 @@ func (n *Node) Run(ctx context.Context) error {
 	<-ctx.Done()
 	n.health.Shutdown()
 	// Stop accepting: closing the listeners ends the accept loops.
-	n.tcpLis.Close()
-	if n.shmLis != nil {
-		n.shmLis.Close()
-	}
+	n.doors.stopAccepting()
 	stopped := make(chan struct{})
 	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()
 	select {
@@ -313,16 +316,39 @@ func (n *Node) Run(ctx context.Context) error {
 		httpSrv.Shutdown(sctx)
 		scancel()
 	}
-	n.closeConns()
-	n.wg.Wait()
-	g.Wait()
-	close(errc)
-	var errs []error
-	for err := range errc {
-		errs = append(errs, err)
-	}
+	n.doors.closeConns()
+	err := g.Wait()
 	n.log.Info("stopped")
-	return errors.Join(errs...)
+	return err
+}
+
+// services runs a node's long-lived goroutines: the first to fail cancels
+// the others, and Wait returns every failure, however many there are.
+type services struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+}
+
+// Go runs f; an error from it is recorded as name's and stops the node.
+func (s *services) Go(name string, f func() error) {
+	s.wg.Go(func() {
+		if err := f(); err != nil {
+			s.mu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("pool: %s: %w", name, err))
+			s.mu.Unlock()
+			s.cancel()
+		}
+	})
+}
+
+// Wait waits for every goroutine and joins their errors.
+func (s *services) Wait() error {
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
 }
 
 func (n *Node) sweep(ctx context.Context) {
@@ -349,19 +375,7 @@ func (n *Node) sweep(ctx context.Context) {
 // after Run has returned.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
-		// Listeners may already be closed by Run; that error is moot.
-		if n.tcpLis != nil {
-			n.tcpLis.Close()
-		}
-		if n.httpLis != nil {
-			n.httpLis.Close()
-		}
-		if n.shmLis != nil {
-			n.shmLis.Close()
-		}
-		if n.xferLis != nil {
-			n.xferLis.Close()
-		}
+		n.doors.close() // may already be closed by Run; that error is moot
 		if n.cluster != nil {
 			n.cluster.gossip.Shutdown()
 		}
@@ -372,7 +386,9 @@ func (n *Node) Close() error {
 		if n.shmT != nil {
 			n.shmT.Close()
 		}
-		n.peers.closeAll()
+		if n.fetcher != nil {
+			n.fetcher.peers.Close()
+		}
 		if n.seg != nil {
 			n.closeErr = n.seg.close()
 		}
@@ -396,156 +412,4 @@ func (n *Node) httpHandler() http.Handler {
 		}
 	})
 	return mux
-}
-
-// acceptTCP accepts connections on the shared port and sorts them: data
-// connections open with wire.Preamble, everything else goes to gRPC.
-//
-// NB: grpcLis is closed by the gRPC server when it stops, not here, so
-// that Serve returns nil rather than a listener error.
-func (n *Node) acceptTCP(ctx context.Context) error {
-	for {
-		c, err := n.tcpLis.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
-		if !n.track(c) {
-			c.Close()
-			return nil
-		}
-		n.wg.Go(func() { n.sniff(ctx, c) })
-	}
-}
-
-// sniff reads the first bytes of c and hands it to the right server.
-func (n *Node) sniff(ctx context.Context, c net.Conn) {
-	var first [len(wire.Preamble)]byte
-	c.SetReadDeadline(time.Now().Add(n.cfg.IOTimeout))
-	k, err := io.ReadFull(c, first[:4])
-	if err != nil {
-		n.untrack(c)
-		c.Close()
-		return
-	}
-	isData := bytes.Equal(first[:4], wire.Preamble[:4])
-	isTransfer := bytes.Equal(first[:4], transfer.TCPPreamble[:4])
-	if !isData && !isTransfer {
-		// Not ours: gRPC owns it from here, replaying the bytes we read.
-		c.SetReadDeadline(time.Time{})
-		n.untrack(c)
-		if !n.grpcLis.deliver(&prefixConn{Conn: c, prefix: first[:k]}) {
-			c.Close()
-		}
-		return
-	}
-	if isTransfer {
-		defer n.untrack(c)
-		defer c.Close()
-		if _, err := io.ReadFull(c, first[4:]); err != nil || first != transfer.TCPPreamble {
-			return
-		}
-		c.SetReadDeadline(time.Time{})
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-		}
-		if err := n.tcpT.ServeConn(ctx, c); err != nil {
-			n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
-		}
-		return
-	}
-	defer n.untrack(c)
-	defer c.Close()
-	if _, err := io.ReadFull(c, first[4:]); err != nil || first != wire.Preamble {
-		n.log.Warn("data connection with a bad preamble", "remote", c.RemoteAddr().String())
-		return
-	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	n.serveData(ctx, c, newSession())
-}
-
-func (n *Node) track(c net.Conn) bool {
-	n.connsMu.Lock()
-	defer n.connsMu.Unlock()
-	if n.conns == nil {
-		return false
-	}
-	n.conns[c] = struct{}{}
-	return true
-}
-
-func (n *Node) untrack(c net.Conn) {
-	n.connsMu.Lock()
-	defer n.connsMu.Unlock()
-	delete(n.conns, c)
-}
-
-func (n *Node) closeConns() {
-	n.connsMu.Lock()
-	defer n.connsMu.Unlock()
-	for c := range n.conns {
-		c.Close()
-	}
-	n.conns = nil
-}
-
-// chanListener is a net.Listener fed by acceptTCP with the connections
-// that turned out to be gRPC.
-type chanListener struct {
-	addr   net.Addr
-	conns  chan net.Conn
-	done   chan struct{}
-	closed sync.Once
-}
-
-func newChanListener(addr net.Addr) *chanListener {
-	return &chanListener{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *chanListener) deliver(c net.Conn) bool {
-	select {
-	case l.conns <- c:
-		return true
-	case <-l.done:
-		return false
-	}
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *chanListener) Close() error {
-	l.closed.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *chanListener) Addr() net.Addr { return l.addr }
-
-// prefixConn replays bytes already read from a connection.
-type prefixConn struct {
-	net.Conn
-	prefix []byte
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) {
-	if len(c.prefix) > 0 {
-		k := copy(p, c.prefix)
-		c.prefix = c.prefix[k:]
-		return k, nil
-	}
-	return c.Conn.Read(p)
 }

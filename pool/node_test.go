@@ -7,11 +7,18 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 // startNode runs a node for the test's duration and returns it.
@@ -112,13 +119,14 @@ func TestLockMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.GetMemoryLocked() {
+	if !st.MemoryLocked {
 		t.Fatal("--lock-memory did not lock the arena")
 	}
 }
 
 func TestConfigValidationReportsEveryProblem(t *testing.T) {
-	cfg := Config{NodeID: "bad id", CapacityBytes: 1000, PageBytes: 3000, MaxBlockBytes: 1 << 40, GetChunkBytes: 1}
+	cfg := Config{NodeID: "bad id"}
+	cfg.CapacityBytes, cfg.PageBytes, cfg.MaxBlockBytes, cfg.GetChunkBytes = 1000, 3000, 1<<40, 1
 	_, err := New(cfg)
 	if err == nil {
 		t.Fatal("New accepted a bad config")
@@ -176,5 +184,116 @@ func TestRemoveMany(t *testing.T) {
 				t.Fatalf("bad namespace: %v", err)
 			}
 		})
+	}
+}
+
+// TestServicesReportEveryFailure: however many of a node's services fail
+// at once, Wait returns all their errors; none blocks reporting (with a
+// fixed-size error channel the ninth would wait forever, which synctest
+// reports as a deadlock at once).
+func TestServicesReportEveryFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		g := services{cancel: cancel}
+		const n = 20
+		for i := range n {
+			g.Go(fmt.Sprintf("service %d", i), func() error {
+				<-ctx.Done() // all but the first fail as the node stops
+				return fmt.Errorf("failure %d", i)
+			})
+		}
+		g.Go("the first", func() error { return errors.New("it broke") })
+		err := g.Wait()
+		for i := range n {
+			if !strings.Contains(err.Error(), fmt.Sprintf("pool: service %d: failure %d", i, i)) {
+				t.Errorf("Wait's error lacks service %d: %v", i, err)
+			}
+		}
+		if !strings.Contains(err.Error(), "pool: the first: it broke") {
+			t.Errorf("Wait's error lacks the first failure: %v", err)
+		}
+	})
+}
+
+// TestShutdownWhileConnecting stops nodes while clients keep opening
+// connections: every connection accepted before shutdown is closed and its
+// goroutine waited for (the race detector flags a goroutine added to the
+// wait group after the wait began), and Run returns cleanly.
+func TestShutdownWhileConnecting(t *testing.T) {
+	for range 10 {
+		cfg := TestConfig(fmt.Sprintf("n%d", rand.Uint32()), 4<<20)
+		cfg.DisableShm = true
+		n, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- n.Run(ctx) }()
+		<-n.Ready()
+		var wg sync.WaitGroup
+		var dialed atomic.Int64
+		stop := make(chan struct{})
+		for range 4 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					c, err := net.Dial("tcp", n.Addr().String())
+					if err != nil {
+						continue
+					}
+					dialed.Add(1)
+					c.Write(wire.Preamble[:])
+					c.Close()
+				}
+			})
+		}
+		// Shut down while the connections flow.
+		eventually.True(t, "connections to flow", 10*time.Second, func() bool { return dialed.Load() > 20 })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("run: %v", err)
+		}
+		close(stop)
+		wg.Wait()
+		n.Close()
+	}
+}
+
+// TestTasksRefuseAfterClose: a goroutine is either started before
+// closeAndWait begins waiting, and waited for, or refused; none starts
+// after the wait.
+func TestTasksRefuseAfterClose(t *testing.T) {
+	for range 50 {
+		var ts tasks
+		var running, late atomic.Int64
+		var closed atomic.Bool
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for ts.Go(func() {
+					if closed.Load() {
+						late.Add(1)
+					}
+					running.Add(1)
+					running.Add(-1)
+				}) {
+				}
+			})
+		}
+		ts.closeAndWait()
+		closed.Store(true)
+		if n := running.Load(); n != 0 {
+			t.Fatalf("%d tasks still running after closeAndWait", n)
+		}
+		wg.Wait()
+		if n := late.Load(); n != 0 {
+			t.Fatalf("%d tasks started after closeAndWait returned", n)
+		}
 	}
 }

@@ -1,15 +1,14 @@
 package pool
 
 import (
-	"context"
 	"errors"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
-	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
 )
 
@@ -56,11 +55,41 @@ type PlanNode struct {
 	LinkMeasured bool
 }
 
+// planView is what planning needs to know of the cluster: every live
+// node with its prefix of the chain, its accelerator and load, and the link
+// matrix others published. *cluster implements it; nil means standalone.
+type planView interface {
+	Nodes() []metadata.NodeInfo
+	Locate(tenant, namespace string, chain [][]byte) metadata.LocateResult
+	Dead(id string) bool
+	Peers() []metadata.Peer
+	Link(to, from string) (metadata.LinkRecord, bool)
+}
+
+// prefixIndex says which keys of a chain the node holds. *Store
+// implements it.
+type prefixIndex interface {
+	Exists(tenant, ns []byte, keys [][]byte) ([]bool, error)
+}
+
+// planner answers PlanQuery from the live location mirror, gossiped load
+// and the link matrix (this node's own estimates for links into it, the
+// ones other nodes published for theirs), through the cost model.
+type planner struct {
+	cfg     *PlanConfig
+	self    string
+	store   prefixIndex
+	cluster planView // nil: standalone
+	links   *transfer.Links
+	load    func() metadata.Load // this node's, with its engine's report
+	now     func() time.Time
+}
+
 // Plan answers q from the live location mirror, gossiped load and the
 // link matrix (this node's own estimates for links into it, the ones
 // other nodes published for theirs). A standalone node plans for itself.
-func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
-	cfg := &n.cfg
+func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
+	cfg := p.cfg
 	if q.Model == "" {
 		q.Model = cfg.Model
 	}
@@ -92,7 +121,7 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
 	if prompt == 0 {
 		prompt = len(q.Keys) * q.BlockTokens
 	}
-	local, err := n.localPrefix(q.Tenant, q.Namespace, q.Keys)
+	local, err := p.localPrefix(q.Tenant, q.Namespace, q.Keys)
 	if err != nil {
 		return PlanAnswer{}, err
 	}
@@ -104,19 +133,19 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
 		load metadata.Load
 		hold int
 	}
-	nodes := []nodeIn{{rec: metadata.NodeRecord{ID: cfg.NodeID, Accelerator: cfg.Accelerator}, load: n.load(), hold: local}}
-	if c := n.cluster; c != nil {
+	nodes := []nodeIn{{rec: metadata.NodeRecord{ID: p.self, Accelerator: cfg.Accelerator}, load: p.load(), hold: local}}
+	if c := p.cluster; c != nil {
 		held := map[string]int{}
-		for _, np := range c.mirror.Locate(q.Tenant, q.Namespace, q.Keys).Nodes {
+		for _, np := range c.Locate(q.Tenant, q.Namespace, q.Keys).Nodes {
 			held[np.Node] = np.Blocks
 		}
 		loads := map[string]metadata.Load{}
-		for _, p := range c.gossip.Peers() {
+		for _, p := range c.Peers() {
 			loads[p.ID] = p.Load
 		}
-		for _, ni := range c.mirror.Nodes() {
+		for _, ni := range c.Nodes() {
 			id := ni.Record.ID
-			if id == cfg.NodeID || c.gossip.Dead(id) {
+			if id == p.self || c.Dead(id) {
 				continue
 			}
 			nodes = append(nodes, nodeIn{rec: ni.Record, load: loads[id], hold: held[id]})
@@ -160,9 +189,9 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: %v", err)
 	}
-	now := cfg.Now()
+	now := p.now()
 	req.Link = func(from, to string) cost.Link {
-		l, _ := n.link(from, to, now, q.LinkBytesPerSecond)
+		l, _ := p.link(from, to, now, q.LinkBytesPerSecond)
 		return l
 	}
 	res, err := cost.Plan(req)
@@ -173,7 +202,7 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
 	for _, np := range res.Nodes {
 		if np.Source != "" {
 			pn := ans.Nodes[np.Node]
-			_, pn.LinkMeasured = n.link(np.Source, np.Node, now, q.LinkBytesPerSecond)
+			_, pn.LinkMeasured = p.link(np.Source, np.Node, now, q.LinkBytesPerSecond)
 			ans.Nodes[np.Node] = pn
 		}
 	}
@@ -184,17 +213,17 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) {
 // node's own estimate for links into it, what `to` published otherwise,
 // the seed when nobody has measured it. whatIf > 0 replaces the
 // bandwidth.
-func (n *Node) link(from, to string, now time.Time, whatIf float64) (cost.Link, bool) {
+func (p *planner) link(from, to string, now time.Time, whatIf float64) (cost.Link, bool) {
 	var l cost.Link
 	measured := false
-	if to == n.cfg.NodeID {
-		e := n.links.Estimate(from, now)
+	if to == p.self {
+		e := p.links.Estimate(from, now)
 		l, measured = cost.Link{BytesPerSecond: e.BytesPerSecond, RTT: e.RTT}, e.Samples > 0
-	} else if rec, ok := n.publishedLink(from, to); ok {
+	} else if rec, ok := p.publishedLink(from, to); ok {
 		l = cost.Link{BytesPerSecond: rec.BytesPerSecond, RTT: time.Duration(rec.RTTMicros) * time.Microsecond}
 		measured = rec.Samples > 0
 	} else {
-		s := n.links.Seed("")
+		s := p.links.Seed("")
 		l = cost.Link{BytesPerSecond: s.BytesPerSecond, RTT: s.RTT}
 	}
 	if whatIf > 0 {
@@ -203,16 +232,16 @@ func (n *Node) link(from, to string, now time.Time, whatIf float64) (cost.Link, 
 	return l, measured
 }
 
-func (n *Node) publishedLink(from, to string) (metadata.LinkRecord, bool) {
-	if n.cluster == nil {
+func (p *planner) publishedLink(from, to string) (metadata.LinkRecord, bool) {
+	if p.cluster == nil {
 		return metadata.LinkRecord{}, false
 	}
-	return n.cluster.mirror.Link(to, from)
+	return p.cluster.Link(to, from)
 }
 
 // localPrefix is how many leading keys of the chain this node holds.
-func (n *Node) localPrefix(tenant, namespace string, keys [][]byte) (int, error) {
-	exists, err := n.store.Exists([]byte(tenant), []byte(namespace), keys)
+func (p *planner) localPrefix(tenant, namespace string, keys [][]byte) (int, error) {
+	exists, err := p.store.Exists([]byte(tenant), []byte(namespace), keys)
 	if err != nil {
 		return 0, err
 	}
@@ -220,75 +249,4 @@ func (n *Node) localPrefix(tenant, namespace string, keys [][]byte) (int, error)
 		return i, nil
 	}
 	return len(keys), nil
-}
-
-// Estimate is Plan for one node (empty: this one).
-func (n *Node) Estimate(q PlanQuery, node string) (PlanAnswer, error) {
-	if node == "" {
-		node = n.cfg.NodeID
-	}
-	q.Candidates = []string{node}
-	return n.Plan(q)
-}
-
-func planQuery(tenant, namespace string, keys [][]byte, model string, blockTokens uint32, promptTokens uint64, link float64) (PlanQuery, error) {
-	if promptTokens > 1<<30 {
-		return PlanQuery{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: prompt tokens %d: want at most 2^30", promptTokens)
-	}
-	return PlanQuery{Tenant: tenant, Namespace: namespace, Keys: keys, Model: model, BlockTokens: int(blockTokens),
-		PromptTokens: int(promptTokens), LinkBytesPerSecond: link}, nil
-}
-
-// Plan implements the KVPoolService RPC.
-func (g *grpcService) Plan(_ context.Context, req *kvpoolv1.PlanRequest) (*kvpoolv1.PlanResponse, error) {
-	q, err := planQuery(req.GetTenant(), req.GetNamespace(), req.GetKeys(), req.GetModel(), req.GetBlockTokens(), req.GetPromptTokens(), req.GetLinkBytesPerSecond())
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	q.Candidates = req.GetCandidates()
-	ans, err := g.n.Plan(q)
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	out := &kvpoolv1.PlanResponse{Summary: g.n.planSummary(&ans)}
-	for i := range ans.Result.Nodes {
-		out.Nodes = append(out.Nodes, nodePlanProto(&ans, &ans.Result.Nodes[i]))
-	}
-	return out, nil
-}
-
-// Estimate implements the KVPoolService RPC.
-func (g *grpcService) Estimate(_ context.Context, req *kvpoolv1.EstimateRequest) (*kvpoolv1.EstimateResponse, error) {
-	q, err := planQuery(req.GetTenant(), req.GetNamespace(), req.GetKeys(), req.GetModel(), req.GetBlockTokens(), req.GetPromptTokens(), req.GetLinkBytesPerSecond())
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	ans, err := g.n.Estimate(q, req.GetNodeId())
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	return &kvpoolv1.EstimateResponse{Summary: g.n.planSummary(&ans), Node: nodePlanProto(&ans, &ans.Result.Nodes[0])}, nil
-}
-
-func (n *Node) planSummary(a *PlanAnswer) *kvpoolv1.PlanSummary {
-	return &kvpoolv1.PlanSummary{
-		AnsweredBy: n.cfg.NodeID, Model: a.Model, KvBytesPerToken: a.KVBytesPerToken,
-		BlockTokens: uint32(a.BlockTokens), ChainBlocks: uint32(a.ChainBlocks), PromptTokens: uint64(a.PromptTokens),
-		ReferenceAccelerator: a.Reference, PrefillTokensPerSecond: a.PrefillTokensPerSecond,
-		BreakevenBytesPerSecond: a.BreakevenBytesPerSecond,
-	}
-}
-
-func nodePlanProto(a *PlanAnswer, np *cost.NodePlan) *kvpoolv1.NodePlan {
-	info := a.Nodes[np.Node]
-	return &kvpoolv1.NodePlan{
-		NodeId: np.Node, Accelerator: info.Accelerator, PrefillTokensPerSecond: info.PrefillTokensPerSecond,
-		QueueSeconds: np.Queue.Seconds(), LocalBlocks: uint32(np.LocalBlocks), PoolBlocks: uint32(np.PoolBlocks),
-		Source: np.Source, LinkBytesPerSecond: np.Link.BytesPerSecond, LinkRttSeconds: np.Link.RTT.Seconds(),
-		LinkMeasured: info.LinkMeasured, FetchBytes: np.FetchBytes, TransferSeconds: np.Transfer.Seconds(),
-		RecomputeSeconds: np.Recompute.Seconds(), RemainderSeconds: np.Remainder.Seconds(),
-		RecomputeTotalSeconds: np.RecomputeTotal.Seconds(), FetchTotalSeconds: np.FetchTotal.Seconds(),
-		SplitBlocks: uint32(np.SplitBlocks), SplitTotalSeconds: np.SplitTotal.Seconds(),
-		Plan: np.Plan.String(), TotalSeconds: np.Total.Seconds(), BreakevenBytesPerSecond: np.BreakevenBytesPerSecond,
-	}
 }

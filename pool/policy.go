@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"maps"
 	"math"
-	"slices"
-	"strings"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
@@ -15,29 +19,103 @@ import (
 	"github.com/kvpool/kvpool/metadata"
 )
 
-// applyPolicy applies a tenant policy record from etcd (nil: deleted) to
-// the store. A record that does not decode is logged and counted, and the
-// tenant keeps what it had.
-func (n *Node) applyPolicy(tenant string, value []byte) {
+// tenantSetter applies a tenant's policy (nil: the node's default). *Store
+// implements it.
+type tenantSetter interface {
+	SetTenant(name string, cfg *eviction.TenantConfig)
+}
+
+// applyPolicy applies a tenant policy record from etcd (nil: deleted).
+// A record that does not decode is logged and counted, and the tenant
+// keeps what it had.
+func applyPolicy(st tenantSetter, bad prometheus.Counter, log *slog.Logger, tenant string, value []byte) {
 	if value == nil {
-		n.store.SetTenant(tenant, nil)
-		n.log.Info("tenant policy removed; node defaults apply", "tenant", tenant)
+		st.SetTenant(tenant, nil)
+		log.Info("tenant policy removed; node defaults apply", "tenant", tenant)
 		return
 	}
 	var cfg eviction.TenantConfig
-	if err := api.ValidateName("tenant", tenant); err != nil {
-		n.metrics.badPolicies.Inc()
-		n.log.Warn("skipping a policy record", "tenant", tenant, "err", err)
+	err := api.ValidateName("tenant", tenant)
+	if err == nil {
+		err = json.Unmarshal(value, &cfg)
+	}
+	if err != nil {
+		bad.Inc()
+		log.Warn("skipping a policy record", "tenant", tenant, "err", err)
 		return
 	}
-	if err := json.Unmarshal(value, &cfg); err != nil {
-		n.metrics.badPolicies.Inc()
-		n.log.Warn("skipping a policy record", "tenant", tenant, "err", err)
-		return
-	}
-	n.store.SetTenant(tenant, &cfg)
-	n.log.Info("tenant policy applied", "tenant", tenant, "policy", cfg.Policy.String(), "quota_bytes", cfg.QuotaBytes,
+	st.SetTenant(tenant, &cfg)
+	log.Info("tenant policy applied", "tenant", tenant, "policy", cfg.Policy.String(), "quota_bytes", cfg.QuotaBytes,
 		"high", cfg.High, "low", cfg.Low, "default_ttl", cfg.DefaultTTL.String())
+}
+
+// policies is where tenant policies are kept: in etcd, whose watch applies
+// them on every daemon (applyPolicy), or on a standalone node in its own
+// memory, applied at once. Safe for concurrent use.
+type policies struct {
+	etcd *metadata.Policies // nil: standalone
+	st   tenantSetter
+
+	mu    sync.Mutex
+	local map[string]eviction.TenantConfig
+}
+
+func newPolicies(cli *clientv3.Client, prefix string, st tenantSetter) *policies {
+	p := &policies{st: st, local: map[string]eviction.TenantConfig{}}
+	if cli != nil {
+		p.etcd = metadata.NewPolicies(cli, prefix)
+	}
+	return p
+}
+
+// Set stores tenant's policy.
+func (p *policies) Set(ctx context.Context, tenant string, cfg eviction.TenantConfig) error {
+	if p.etcd != nil {
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		return p.etcd.Put(ctx, tenant, b)
+	}
+	p.mu.Lock()
+	p.local[tenant] = cfg
+	p.mu.Unlock()
+	p.st.SetTenant(tenant, &cfg)
+	return nil
+}
+
+// Delete removes tenant's policy.
+func (p *policies) Delete(ctx context.Context, tenant string) error {
+	if p.etcd != nil {
+		return p.etcd.Delete(ctx, tenant)
+	}
+	p.mu.Lock()
+	delete(p.local, tenant)
+	p.mu.Unlock()
+	p.st.SetTenant(tenant, nil)
+	return nil
+}
+
+// List returns every stored policy. Records that do not decode are left
+// out (daemons skip them too).
+func (p *policies) List(ctx context.Context) (map[string]eviction.TenantConfig, error) {
+	if p.etcd == nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return maps.Clone(p.local), nil
+	}
+	all, err := p.etcd.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]eviction.TenantConfig, len(all))
+	for tenant, b := range all {
+		var cfg eviction.TenantConfig
+		if json.Unmarshal(b, &cfg) == nil {
+			out[tenant] = cfg
+		}
+	}
+	return out, nil
 }
 
 // tenantConfigFromProto validates an operator's policy, reporting every
@@ -78,109 +156,4 @@ func tenantConfigFromProto(p *kvpoolv1.TenantPolicy) (string, eviction.TenantCon
 func tenantPolicyProto(tenant string, c eviction.TenantConfig) *kvpoolv1.TenantPolicy {
 	return &kvpoolv1.TenantPolicy{Tenant: tenant, Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes,
 		HighWatermark: c.High, LowWatermark: c.Low, DefaultTtlSeconds: c.DefaultTTL.Seconds()}
-}
-
-// policies is where the node reads and writes tenant policies: etcd, or
-// on a standalone node its own memory.
-func (a *adminService) policies() *metadata.Policies {
-	if a.n.cfg.Etcd == nil {
-		return nil
-	}
-	return metadata.NewPolicies(a.n.cfg.Etcd, a.n.cfg.MetadataPrefix)
-}
-
-func (a *adminService) SetPolicy(ctx context.Context, req *kvpoolv1.SetPolicyRequest) (*kvpoolv1.SetPolicyResponse, error) {
-	tenant, cfg, err := tenantConfigFromProto(req.GetPolicy())
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	if p := a.policies(); p != nil {
-		b, _ := json.Marshal(cfg)
-		if err := p.Put(ctx, tenant, b); err != nil {
-			return nil, api.ToStatus(err)
-		}
-	} else {
-		a.n.localPolicy(tenant, &cfg)
-	}
-	return &kvpoolv1.SetPolicyResponse{Policy: tenantPolicyProto(tenant, cfg), StoredUnixMs: a.n.cfg.Now().UnixMilli()}, nil
-}
-
-func (a *adminService) GetPolicy(ctx context.Context, req *kvpoolv1.GetPolicyRequest) (*kvpoolv1.GetPolicyResponse, error) {
-	all, err := a.listPolicies(ctx)
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	if err := api.ValidateName("tenant", req.GetTenant()); err != nil {
-		return nil, api.ToStatus(err)
-	}
-	for _, p := range all {
-		if p.GetTenant() == req.GetTenant() {
-			return &kvpoolv1.GetPolicyResponse{Policy: p}, nil
-		}
-	}
-	return nil, api.ToStatus(api.Errorf(api.ErrNotFound, "pool: no policy for tenant %s; it gets the node's default", req.GetTenant()))
-}
-
-func (a *adminService) ListPolicies(ctx context.Context, _ *kvpoolv1.ListPoliciesRequest) (*kvpoolv1.ListPoliciesResponse, error) {
-	all, err := a.listPolicies(ctx)
-	if err != nil {
-		return nil, api.ToStatus(err)
-	}
-	return &kvpoolv1.ListPoliciesResponse{Policies: all}, nil
-}
-
-func (a *adminService) DeletePolicy(ctx context.Context, req *kvpoolv1.DeletePolicyRequest) (*kvpoolv1.DeletePolicyResponse, error) {
-	if err := api.ValidateName("tenant", req.GetTenant()); err != nil {
-		return nil, api.ToStatus(err)
-	}
-	if p := a.policies(); p != nil {
-		if err := p.Delete(ctx, req.GetTenant()); err != nil {
-			return nil, api.ToStatus(err)
-		}
-	} else {
-		a.n.localPolicy(req.GetTenant(), nil)
-	}
-	return &kvpoolv1.DeletePolicyResponse{}, nil
-}
-
-// listPolicies reads every stored policy, sorted by tenant. Records that
-// do not decode are left out (daemons skip them too).
-func (a *adminService) listPolicies(ctx context.Context) ([]*kvpoolv1.TenantPolicy, error) {
-	var out []*kvpoolv1.TenantPolicy
-	if p := a.policies(); p != nil {
-		all, err := p.List(ctx)
-		if err != nil {
-			return nil, err
-		}
-		for tenant, b := range all {
-			var cfg eviction.TenantConfig
-			if json.Unmarshal(b, &cfg) == nil {
-				out = append(out, tenantPolicyProto(tenant, cfg))
-			}
-		}
-	} else {
-		a.n.localMu.Lock()
-		for tenant, cfg := range a.n.localPolicies {
-			out = append(out, tenantPolicyProto(tenant, cfg))
-		}
-		a.n.localMu.Unlock()
-	}
-	slices.SortFunc(out, func(x, y *kvpoolv1.TenantPolicy) int { return strings.Compare(x.GetTenant(), y.GetTenant()) })
-	return out, nil
-}
-
-// localPolicy applies and remembers a policy on a standalone node (nil:
-// delete).
-func (n *Node) localPolicy(tenant string, cfg *eviction.TenantConfig) {
-	n.localMu.Lock()
-	if n.localPolicies == nil {
-		n.localPolicies = map[string]eviction.TenantConfig{}
-	}
-	if cfg == nil {
-		delete(n.localPolicies, tenant)
-	} else {
-		n.localPolicies[tenant] = *cfg
-	}
-	n.localMu.Unlock()
-	n.store.SetTenant(tenant, cfg)
 }

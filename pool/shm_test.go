@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 func TestShmViewOutlivesRemove(t *testing.T) {
@@ -37,7 +41,7 @@ func TestShmViewOutlivesRemove(t *testing.T) {
 	used := n.Store().Stats().UsedBytes
 	view.Close()
 	view.Close() // idempotent
-	waitFor(t, "the removed block's pages to be freed", func() bool { return n.Store().Stats().UsedBytes == used-1<<20 })
+	eventually.True(t, "the removed block's pages to be freed", 10*time.Second, func() bool { return n.Store().Stats().UsedBytes == used-1<<20 })
 }
 
 func TestShmSessionEndReleasesEverything(t *testing.T) {
@@ -67,7 +71,7 @@ func TestShmSessionEndReleasesEverything(t *testing.T) {
 	// The client dies: closing its socket must release its pin and abort
 	// its reservation.
 	c.Close()
-	waitFor(t, "the session's pin and reservation to be released", func() bool {
+	eventually.True(t, "the session's pin and reservation to be released", 10*time.Second, func() bool {
 		st := n.Store().Stats()
 		return st.Reservations == 0 && st.UsedBytes == 0
 	})
@@ -103,7 +107,7 @@ func TestShmReserveCommitInPlace(t *testing.T) {
 			}
 			r2.Abort()
 			r2.Abort()
-			waitFor(t, "the aborted reservation to end", func() bool { return n.Store().Stats().Reservations == 0 })
+			eventually.True(t, "the aborted reservation to end", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 		})
 	}
 }
@@ -240,5 +244,58 @@ func TestShmLocationCacheCanBeTurnedOff(t *testing.T) {
 		if _, err := c.GetValue(ctx, k); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestCloseDuringShmGets closes a client while other goroutines copy
+// blocks out of its mapping, cached and not: Close waits for the copies
+// in flight and unmaps afterwards, so every Get either succeeds or fails
+// with ErrUnavailable, and nothing faults. Close is idempotent.
+func TestCloseDuringShmGets(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	writer := dial(t, n, api.PathData)
+	keys := make([]api.BlockKey, 8)
+	for i := range keys {
+		keys[i] = api.BlockKey{Tenant: "t", Namespace: "close", Key: []byte{byte(i)}}
+		if err := writer.Put(ctx, keys[i], value(uint64(i), 512<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 20 {
+		c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, NoLocationCache: round%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys { // fill the location cache
+			if _, err := c.GetValue(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		var copied atomic.Int64
+		for g := range 4 {
+			wg.Go(func() {
+				buf := make([]byte, 512<<10)
+				for i := 0; ; i++ {
+					_, err := c.Get(ctx, keys[(g+i)%len(keys)], buf)
+					if err != nil {
+						if !errors.Is(err, api.ErrUnavailable) {
+							t.Errorf("get while closing: %v, want ErrUnavailable", err)
+						}
+						return
+					}
+					copied.Add(1)
+				}
+			})
+		}
+		eventually.True(t, "the readers to start", 10*time.Second, func() bool { return copied.Load() > 8 })
+		if err := c.Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatalf("second close: %v", err)
+		}
+		wg.Wait()
 	}
 }

@@ -103,12 +103,15 @@ type namespaceInfo struct {
 // Reservation is space held for a value that is being written. Its Bytes
 // are the value's final location in the arena.
 type Reservation struct {
-	handle   uint64
-	ns       uint32
-	key      []byte
-	page     uint32
-	size     int64
-	deadline time.Time
+	handle uint64
+	ns     uint32
+	// tenant and namespace name ns (the namespace table's strings).
+	tenant, namespace string
+	key               []byte
+	page              uint32
+	offset            int64 // of page, in bytes
+	size              int64
+	deadline          time.Time
 	// serverOwned reservations are written by a handler in this process,
 	// which always ends them; the sweeper leaves them alone.
 	serverOwned bool
@@ -121,7 +124,7 @@ type Reservation struct {
 func (r *Reservation) Handle() uint64 { return r.handle }
 
 // Offset is the value's byte offset in the segment.
-func (r *Reservation) Offset(pageShift uint) int64 { return int64(r.page) << pageShift }
+func (r *Reservation) Offset() int64 { return r.offset }
 
 // Bytes is where the value must be written. It is valid until Commit or
 // Abort returns.
@@ -129,6 +132,12 @@ func (r *Reservation) Bytes() []byte { return r.mem }
 
 // Size is the value's length in bytes.
 func (r *Reservation) Size() int64 { return r.size }
+
+// Name is the block's tenant, namespace and key. The key MUST NOT be
+// modified.
+func (r *Reservation) Name() (tenant, namespace string, key []byte) {
+	return r.tenant, r.namespace, r.key
+}
 
 // Pin holds a committed block's bytes for a reader. The zero Pin is
 // invalid. Callers MUST Release every Pin they Acquire.
@@ -145,7 +154,7 @@ func (p Pin) Handle() uint64 { return uint64(p.gen)<<32 | uint64(p.idx+1) }
 
 func pinFromHandle(h uint64) (idx, gen uint32) { return uint32(h) - 1, uint32(h >> 32) }
 
-func newStore(cfg *Config, seg *segment, versions []uint64) *Store {
+func newStore(cfg *StoreConfig, now func() time.Time, seg *segment, versions []uint64) *Store {
 	s := &Store{
 		seg:       seg,
 		versions:  versions,
@@ -154,7 +163,7 @@ func newStore(cfg *Config, seg *segment, versions []uint64) *Store {
 		maxBlock:  cfg.MaxBlockBytes,
 		maxNS:     cfg.MaxNamespaces,
 		resTTL:    cfg.ReservationTimeout,
-		now:       cfg.Now,
+		now:       now,
 
 		defaultTenant: cfg.DefaultTenant.WithDefaults(),
 		highWatermark: cfg.HighWatermark,
@@ -200,29 +209,7 @@ func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error
 }
 
 // validateKey checks names and key without allocating on success.
-func validateKey(tenant, ns, key []byte) error {
-	if err := api.ValidateKey(key); err != nil {
-		return err
-	}
-	for _, f := range [...]struct {
-		kind string
-		v    []byte
-	}{{"tenant", tenant}, {"namespace", ns}} {
-		if len(f.v) == 0 || len(f.v) > api.MaxNameBytes || !validName(f.v) {
-			return api.ValidateName(f.kind, string(f.v))
-		}
-	}
-	return nil
-}
-
-func validName(b []byte) bool {
-	for _, c := range b {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
+func validateKey(tenant, ns, key []byte) error { return api.ValidateKeyBytes(tenant, ns, key) }
 
 // ValidateSize checks a value length against the node's limits.
 func (s *Store) ValidateSize(size int64) error {
@@ -267,11 +254,15 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 			size, s.mu.alloc.freePages<<s.pageShift, uint64(s.mu.alloc.pages)<<s.pageShift, uint64(s.mu.alloc.largestFree())<<s.pageShift)
 	}
 	s.mu.nextHandle++
+	ni := &s.mu.ns.list[nsID]
 	r := &Reservation{
 		handle:      s.mu.nextHandle,
 		ns:          nsID,
+		tenant:      ni.tenant,
+		namespace:   ni.namespace,
 		key:         bytes.Clone(key),
 		page:        page,
+		offset:      int64(page) << s.pageShift,
 		size:        size,
 		deadline:    s.now().Add(s.resTTL),
 		serverOwned: serverOwned,
@@ -281,14 +272,6 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 	s.mu.reservedPages += uint64(pages)
 	t.reservedBytes += size
 	return r, nil
-}
-
-// Reservation returns the open reservation with handle h.
-func (s *Store) Reservation(h uint64) (*Reservation, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.mu.res[h]
-	return r, ok
 }
 
 // endReservationLocked removes r from the table and reports whether it was
@@ -310,6 +293,16 @@ func (s *Store) Abort(r *Reservation) {
 	if s.endReservationLocked(r) {
 		s.mu.alloc.free(r.page, s.pagesFor(r.size))
 	}
+}
+
+// PutBytes stores value in one step: reserve, copy, commit.
+func (s *Store) PutBytes(tenant, ns, key, value []byte, want uint32, haveWant bool) (CommitResult, error) {
+	res, err := s.Reserve(tenant, ns, key, int64(len(value)), true)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	copy(res.Bytes(), value)
+	return s.Commit(res, api.Checksum(value), true, want, haveWant)
 }
 
 // CommitResult says what a commit did.

@@ -63,7 +63,7 @@ func TestStoreDataDriven(t *testing.T) {
 				if seg, err = openSegment("dd", "", cfg.CapacityBytes, false); err != nil {
 					t.Fatal(err)
 				}
-				s = newStore(&cfg, seg, nil)
+				s = newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
 				res, pins, next = map[string]*Reservation{}, map[string]Pin{}, 0
 				return "ok"
 			case "reserve":

@@ -91,7 +91,7 @@ func BenchmarkDaemonPlan(b *testing.B) {
 		b.Fatalf("plan: %d nodes, %v", len(ans.Result.Nodes), err)
 	}
 	rpc := c.Client(0, api.PathData)
-	req := &kvpoolv1.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 256}
+	req := api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 256}
 	for b.Loop() {
 		const calls = 5000
 		t0 := time.Now()

@@ -2,13 +2,14 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
-	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/test/cluster"
 )
 
@@ -42,17 +43,16 @@ func TestClusterLocality(t *testing.T) {
 	putChain(t, c.Client(2, api.PathData), keys[6:9]) // not a prefix: holds 0 leading blocks
 	c.Converged(10 * time.Second)
 	for i := range c.Nodes {
-		admin := kvpoolv1.NewAdminServiceClient(c.Client(i, api.PathData).Conn())
-		r, err := admin.ClusterLocate(context.Background(), &kvpoolv1.ClusterLocateRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys})
+		r, err := c.Client(i, api.PathData).Admin().Locate(context.Background(), "acme", "llama3-8b", keys)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := map[string]uint32{}
-		for _, np := range r.GetNodes() {
-			got[np.GetNodeId()] = np.GetPrefixBlocks()
+		got := map[string]int{}
+		for _, np := range r.Nodes {
+			got[np.Node] = np.Blocks
 		}
-		want := map[string]uint32{"node-0": 12, "node-1": 6, "node-2": 0}
-		if fmt.Sprint(got) != fmt.Sprint(want) || r.GetDeepestBlocks() != 12 || !slices.Equal(r.GetDeepestNodes(), []string{"node-0"}) || r.GetPoolPrefixBlocks() != 12 {
+		want := map[string]int{"node-0": 12, "node-1": 6, "node-2": 0}
+		if fmt.Sprint(got) != fmt.Sprint(want) || r.DeepestBlocks != 12 || !slices.Equal(r.DeepestNodes, []string{"node-0"}) || r.PoolPrefixBlocks != 12 {
 			t.Fatalf("answered by node-%d: %v", i, r)
 		}
 	}
@@ -63,20 +63,20 @@ func TestClusterLocality(t *testing.T) {
 func TestReportLoadReachesEveryDaemon(t *testing.T) {
 	c := cluster.New(t, cluster.Config{Nodes: 3})
 	eng := c.Client(1, api.PathData)
-	if _, err := eng.RPC().ReportLoad(context.Background(), &kvpoolv1.ReportLoadRequest{QueueSeconds: 0.25, PrefillTokensPerSecond: 35739}); err != nil {
+	if err := eng.ReportLoad(context.Background(), api.Load{Queue: 250 * time.Millisecond, PrefillTokensPerSecond: 35739}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.RPC().ReportLoad(context.Background(), &kvpoolv1.ReportLoadRequest{QueueSeconds: -1}); api.Code(err).String() != "InvalidArgument" {
+	if err := eng.ReportLoad(context.Background(), api.Load{Queue: -time.Second}); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Fatalf("negative queue time: %v", err)
 	}
-	admin := kvpoolv1.NewAdminServiceClient(c.Client(2, api.PathData).Conn())
-	c.Eventually("node-2 to see node-1's engine load", 10*time.Second, func() bool {
-		r, err := admin.ListNodes(context.Background(), &kvpoolv1.ListNodesRequest{})
+	admin := c.Client(2, api.PathData).Admin()
+	eventually.True(t, "node-2 to see node-1's engine load", 10*time.Second, func() bool {
+		nodes, _, err := admin.Nodes(context.Background())
 		if err != nil {
 			return false
 		}
-		for _, n := range r.GetNodes() {
-			if n.GetNodeId() == "node-1" && n.GetQueueSeconds() == 0.25 && n.GetPrefillTokensPerSecond() == 35739 && n.GetGossipState() == "alive" {
+		for _, n := range nodes {
+			if n.ID == "node-1" && n.Queue == 250*time.Millisecond && n.PrefillTokensPerSecond == 35739 && n.GossipState == "alive" {
 				return true
 			}
 		}

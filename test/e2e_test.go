@@ -1,6 +1,9 @@
-// Package test holds end-to-end tests that run the kvpool binary as
-// operators do: a separate serve process, the CLI in other processes, and
-// grpcurl against it. Nothing imports this package.
+// Package test holds the tests that need more than one package or more
+// than one process: in-process clusters (test/cluster) with their fault
+// tests and benchmarks, and end-to-end tests that run the kvpool binary as
+// operators do, a separate node serve process with the CLI and grpcurl in
+// other processes. The CLI's flags, exit codes and outputs are tested in
+// process, in cmd/kvpool. Nothing imports this package.
 package test
 
 import (
@@ -11,8 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string // removed by TestMain
 	binPath   string
 	buildErr  error
 )
@@ -35,12 +37,12 @@ var (
 func kvpoolBin(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kvpool-e2e-")
-		if err != nil {
+		var err error
+		if binDir, err = os.MkdirTemp("", "kvpool-e2e-"); err != nil {
 			buildErr = err
 			return
 		}
-		binPath = filepath.Join(dir, "kvpool")
+		binPath = filepath.Join(binDir, "kvpool")
 		args := []string{"build", "-o", binPath}
 		if raceEnabled {
 			args = append(args, "-race")
@@ -78,7 +80,7 @@ func requireTool(t *testing.T, name string) string {
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
-// server is a `kvpool serve` child process.
+// server is a `kvpool node serve` child process.
 type server struct {
 	cmd     *exec.Cmd
 	addr    string
@@ -88,14 +90,14 @@ type server struct {
 	done    chan error
 }
 
-// startServe runs `kvpool serve` with extra args and waits until it logs
-// its addresses.
+// startServe runs `kvpool node serve` with extra args and waits until it
+// logs its addresses.
 func startServe(t *testing.T, extra ...string) *server {
 	t.Helper()
 	bin := kvpoolBin(t)
 	dir := t.TempDir()
 	s := &server{shm: filepath.Join(dir, "shm.sock"), done: make(chan error, 1)}
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
+	args := []string{"node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
 		"--shm-socket", s.shm, "--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "etcd")}
 	args = append(args, extra...)
 	s.cmd = exec.Command(bin, args...)
@@ -189,6 +191,8 @@ func randomBytes(n int) []byte {
 	return b
 }
 
+// A node serve process and CLI processes: every path between two
+// processes, the shared-memory one through the mapped segment.
 func TestServeAndCLI(t *testing.T) {
 	s := startServe(t, "--capacity", "64MiB")
 	value := randomBytes(3<<20 + 11)
@@ -201,85 +205,58 @@ func TestServeAndCLI(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			p := append(append([]string{}, base...), "--path", path)
 			k := "block-" + path
-			r := mustOK(t, kv(t, nil, append([]string{"put", "--key", k, "--file", file, "--json"}, p...)...))
+			r := mustOK(t, kv(t, nil, append([]string{"block", "put", "--key", k, "--file", file, "--json"}, p...)...))
 			var put map[string]any
 			if err := json.Unmarshal([]byte(r.stdout), &put); err != nil || put["existed"] != false || put["path"] != path {
 				t.Fatalf("put --json: %v %s", err, r.stdout)
 			}
-			r = mustOK(t, kv(t, nil, append([]string{"get", "--key", k}, p...)...))
+			r = mustOK(t, kv(t, nil, append([]string{"block", "get", "--key", k}, p...)...))
 			if !bytes.Equal([]byte(r.stdout), value) {
 				t.Fatalf("get returned %d bytes that differ from the %d put", len(r.stdout), len(value))
 			}
 			// Put from stdin again: equal bytes, so it existed.
-			r = mustOK(t, kv(t, value, append([]string{"put", "--key", k, "--json"}, p...)...))
+			r = mustOK(t, kv(t, value, append([]string{"block", "put", "--key", k, "--json"}, p...)...))
 			if !strings.Contains(r.stdout, `"existed": true`) {
 				t.Fatalf("re-put: %s", r.stdout)
 			}
 			other := append([]byte{}, value...)
 			other[0] ^= 1
-			r = kv(t, other, append([]string{"put", "--key", k}, p...)...)
+			r = kv(t, other, append([]string{"block", "put", "--key", k}, p...)...)
 			if r.code != 1 || !strings.Contains(r.stderr, "different bytes") {
 				t.Fatalf("overwrite with different bytes: exit %d, stderr %q", r.code, r.stderr)
 			}
 		})
 	}
-	r := mustOK(t, kv(t, nil, append([]string{"locate", "--keys", "block-shm,block-data,block-grpc,block-none", "--json"}, base...)...))
+	r := mustOK(t, kv(t, nil, append([]string{"block", "locate", "--keys", "block-shm,block-data,block-grpc,block-none", "--json"}, base...)...))
 	if !strings.Contains(r.stdout, `"prefix_blocks": 3`) {
 		t.Fatalf("locate: %s", r.stdout)
 	}
-	r = mustOK(t, kv(t, nil, append([]string{"exists", "--keys", "block-none,block-data"}, base...)...))
+	r = mustOK(t, kv(t, nil, append([]string{"block", "exists", "--keys", "block-none,block-data"}, base...)...))
 	if r.stdout != "\"block-none\"\tfalse\n\"block-data\"\ttrue\n" {
 		t.Fatalf("exists: %q", r.stdout)
 	}
-	r = mustOK(t, kv(t, nil, "stats", "--server", s.addr, "--json"))
+	r = mustOK(t, kv(t, nil, "node", "stats", "--server", s.addr, "--json"))
 	var st map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st["blocks"] != float64(3) {
 		t.Fatalf("stats --json: %v %s", err, r.stdout)
 	}
-	mustOK(t, kv(t, nil, append([]string{"remove", "--key", "block-data"}, base...)...))
-	r = kv(t, nil, append([]string{"get", "--key", "block-data"}, base...)...)
+	mustOK(t, kv(t, nil, append([]string{"block", "remove", "--key", "block-data"}, base...)...))
+	r = kv(t, nil, append([]string{"block", "get", "--key", "block-data"}, base...)...)
 	if r.code != 1 || !strings.Contains(r.stderr, "not found") {
 		t.Fatalf("get after remove: exit %d, stderr %q", r.code, r.stderr)
 	}
 	// Hex keys.
-	mustOK(t, kv(t, []byte("x"), append([]string{"put", "--hex", "--key", "00ff10"}, base...)...))
-	r = mustOK(t, kv(t, nil, append([]string{"get", "--hex", "--key", "00ff10", "--json"}, base...)...))
+	mustOK(t, kv(t, []byte("x"), append([]string{"block", "put", "--hex", "--key", "00ff10"}, base...)...))
+	r = mustOK(t, kv(t, nil, append([]string{"block", "get", "--hex", "--key", "00ff10", "--json"}, base...)...))
 	if !strings.Contains(r.stdout, `"value_base64": "eA=="`) {
 		t.Fatalf("get --json: %s", r.stdout)
-	}
-}
-
-func TestMetricsAndHealth(t *testing.T) {
-	s := startServe(t, "--capacity", "16MiB")
-	mustOK(t, kv(t, []byte("some kv bytes"), "put", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k"))
-	get := func(path string) string {
-		resp, err := http.Get("http://" + s.metrics + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			t.Fatalf("%s: %s", path, resp.Status)
-		}
-		return string(b)
-	}
-	m := get("/metrics")
-	for _, want := range []string{"kvpool_pool_blocks 1", "kvpool_pool_stored_bytes 13", "kvpool_pool_capacity_bytes 1.6777216e+07",
-		"kvpool_pool_external_fragmentation_ratio", `kvpool_pool_requests_total{code="OK",op=`, "go_gc_duration_seconds"} {
-		if !strings.Contains(m, want) {
-			t.Errorf("/metrics lacks %q", want)
-		}
-	}
-	if get("/healthz") != "ok\n" || get("/readyz") != "ready\n" {
-		t.Error("health endpoints")
 	}
 }
 
 func TestGRPCurl(t *testing.T) {
 	grpcurl := requireTool(t, "grpcurl")
 	s := startServe(t, "--capacity", "16MiB")
-	mustOK(t, kv(t, []byte("v"), "put", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k1"))
+	mustOK(t, kv(t, []byte("v"), "block", "put", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k1"))
 	run := func(args ...string) string {
 		out, err := exec.Command(grpcurl, append([]string{"-plaintext"}, args...)...).CombinedOutput()
 		if err != nil {
@@ -308,61 +285,6 @@ func TestGRPCurl(t *testing.T) {
 	}
 }
 
-func TestBadFlagsAreUsageErrors(t *testing.T) {
-	cases := [][]string{
-		{"frobnicate"},
-		{"serve"}, // no capacity
-		{"serve", "--capacity", "12XB"},
-		{"serve", "--capacity", "1GiB", "--log-level", "loud"},
-		{"put", "--tenant", "t", "--namespace", "n"}, // no key
-		{"put", "--tenant", "a/b", "--namespace", "n", "--key", "k"},
-		{"get", "--tenant", "t", "--namespace", "n", "--key", "zz", "--hex"},
-		{"locate", "--tenant", "t", "--namespace", "n"}, // no keys
-		{"bench", "--op", "delete"},
-		{"bench", "--path", "carrier-pigeon"},
-		{"get", "--bogus-flag"},
-		{"chain", "--block-tokens", "0"},
-	}
-	for _, args := range cases {
-		r := kv(t, nil, args...)
-		if r.code != 2 || r.stderr == "" {
-			t.Errorf("kvpool %v: exit %d, stderr %q; want exit 2 with a message", args, r.code, r.stderr)
-		}
-	}
-	r := kv(t, nil, "--help")
-	if r.code != 0 || !strings.Contains(r.stdout, "serve") {
-		t.Errorf("--help: exit %d, %q", r.code, r.stdout)
-	}
-}
-
-func TestConfigFile(t *testing.T) {
-	dir := t.TempDir()
-	good := filepath.Join(dir, "node.yaml")
-	os.WriteFile(good, []byte("capacity: 32MiB\npage_size: 8KiB\nmax_block_size: 4MiB\nreservation_timeout: 10s\n"+
-		"transport: grpc\ntransfer_conns: 3\nfetch_timeout: 2s\nlink_seed_rate: 100MB\n"+
-		"default_policy: fifo\nhigh_watermark: 0.8\nlow_watermark: 0.6\nlease_default: 5s\nlease_max: 30s\n"), 0o644)
-	s := startServe(t, "--config", good)
-	r := mustOK(t, kv(t, nil, "stats", "--server", s.addr, "--json"))
-	if !strings.Contains(r.stdout, `"capacity_bytes": 33554432`) || !strings.Contains(r.stdout, `"page_bytes": 8192`) {
-		t.Fatalf("config not applied: %s", r.stdout)
-	}
-	r = mustOK(t, kv(t, nil, "admin", "links", "--server", s.addr, "--json"))
-	if !strings.Contains(r.stdout, `"transport": "grpc"`) {
-		t.Fatalf("transport from the config file not applied: %s", r.stdout)
-	}
-	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("capacity: 32MiB\ncapacty_typo: 1\n"), 0o644)
-	if r := kv(t, nil, "serve", "--config", bad); r.code != 2 || !strings.Contains(r.stderr, "capacty_typo") {
-		t.Fatalf("unknown config key: exit %d, %q", r.code, r.stderr)
-	}
-	// Every bad transfer setting is reported, all at once.
-	if r := kv(t, nil, "serve", "--capacity", "32MiB", "--transport", "rdma", "--transfer-conns", "65", "--fetch-timeout", "-1s"); r.code != 2 ||
-		!strings.Contains(r.stderr, `transport "rdma"`) || !strings.Contains(r.stderr, "transfer connections 65") || !strings.Contains(r.stderr, "fetch timeout") ||
-		strings.Contains(r.stderr, "etcd") {
-		t.Fatalf("bad transfer flags: exit %d, %q", r.code, r.stderr)
-	}
-}
-
 func TestGracefulStop(t *testing.T) {
 	s := startServe(t, "--capacity", "16MiB")
 	s.cmd.Process.Signal(syscall.SIGTERM)
@@ -374,125 +296,5 @@ func TestGracefulStop(t *testing.T) {
 		s.done <- err // for the cleanup
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not stop")
-	}
-}
-
-func TestDemo(t *testing.T) {
-	r := mustOK(t, kv(t, nil, "demo"))
-	for _, want := range []string{"3 daemons up", "node-0  12", "node-1  6", "node-2  3", "deepest prefix: 12 blocks on node-0",
-		"every byte checked", "=> fetch wins: node-2", "=> recompute wins: node-2", "3 (3 alive in gossip)", "demo ok"} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
-		}
-	}
-}
-
-func TestBenchSmoke(t *testing.T) {
-	for _, args := range [][]string{
-		{"--op", "get", "--clients", "2", "--block-size", "256KiB"},
-		{"--op", "put", "--clients", "1", "--block-size", "1MiB"},
-		{"--op", "get", "--path", "shm", "--block-size", "1MiB"},
-	} {
-		r := mustOK(t, kv(t, nil, append([]string{"bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
-		var res map[string]any
-		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
-			t.Fatalf("bench %v: %v\n%s", args, err, r.stdout)
-		}
-		for _, f := range []string{"op", "block_bytes", "clients", "gbps", "ops_per_s", "p50_ms", "p99_ms", "baseline_gbps", "ratio_to_baseline"} {
-			if _, ok := res[f]; !ok {
-				t.Errorf("bench %v JSON lacks %q", args, f)
-			}
-		}
-		if res["gbps"].(float64) <= 0 || res["baseline_gbps"].(float64) <= 0 {
-			t.Errorf("bench %v measured nothing: %s", args, r.stdout)
-		}
-		if !strings.Contains(r.stderr, "100%") {
-			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)
-		}
-	}
-}
-
-func TestAdminCLI(t *testing.T) {
-	a := startServe(t, "--capacity", "32MiB")
-	if a.etcd == "" {
-		t.Fatal("the first daemon did not report its embedded etcd")
-	}
-	b := startServe(t, "--capacity", "32MiB", "--node-id", "e2e-second", "--etcd-endpoints", a.etcd, "--zone", "rack-b")
-	// Store a chain computed from tokens on b.
-	tokens := filepath.Join(t.TempDir(), "prompt.txt")
-	os.WriteFile(tokens, []byte("1 2 3 4 5 6 7 8 9 10 11 12 13 14"), 0o644)
-	r := mustOK(t, kv(t, nil, "chain", "--tokens-file", tokens, "--block-tokens", "4", "--csv"))
-	keys := strings.Split(strings.TrimSpace(r.stdout), ",")
-	if len(keys) != 3 {
-		t.Fatalf("chain: %q", r.stdout)
-	}
-	for _, k := range keys[:2] {
-		mustOK(t, kv(t, []byte("kv bytes"), "put", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--key", k))
-	}
-	// Ask a (not b) where they are, by tokens and by keys.
-	var loc map[string]any
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		r = mustOK(t, kv(t, nil, "admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--tokens-file", tokens, "--block-tokens", "4", "--json"))
-		json.Unmarshal([]byte(r.stdout), &loc)
-		if loc["deepest_blocks"] == float64(2) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admin locate never saw the chain: %s", r.stdout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if loc["chain_blocks"] != float64(3) || fmt.Sprint(loc["deepest_nodes"]) != "[e2e-second]" || loc["pool_prefix_blocks"] != float64(2) {
-		t.Fatalf("admin locate --json: %s", r.stdout)
-	}
-	r = mustOK(t, kv(t, nil, "admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--keys", strings.Join(keys, ",")))
-	if !strings.Contains(r.stdout, "e2e-second") || !strings.Contains(r.stdout, "deepest prefix: 2 blocks on e2e-second") {
-		t.Fatalf("admin locate table: %s", r.stdout)
-	}
-	r = mustOK(t, kv(t, nil, "admin", "blocks", "--server", a.addr, "--node", "e2e-second", "--json"))
-	if !strings.Contains(r.stdout, keys[0]) || !strings.Contains(r.stdout, `"total": 2`) {
-		t.Fatalf("admin blocks: %s", r.stdout)
-	}
-	deadline = time.Now().Add(20 * time.Second)
-	for {
-		r = mustOK(t, kv(t, nil, "admin", "nodes", "--server", a.addr, "--json"))
-		if strings.Count(r.stdout, `"gossip_state": "alive"`) == 2 && strings.Count(r.stdout, `"etcd_state": "registered"`) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admin nodes never showed both nodes alive: %s", r.stdout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	r = mustOK(t, kv(t, nil, "admin", "nodes", "--server", b.addr))
-	if !strings.Contains(r.stdout, "GOSSIP") || !strings.Contains(r.stdout, "rack-b") {
-		t.Fatalf("admin nodes table: %s", r.stdout)
-	}
-	r = mustOK(t, kv(t, nil, "admin", "stats", "--server", a.addr, "--json"))
-	var st map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st["nodes"] != float64(2) || st["mirror_blocks"] != float64(2) {
-		t.Fatalf("admin stats: %v %s", err, r.stdout)
-	}
-	mustOK(t, kv(t, nil, "admin", "stats", "--server", a.addr))
-	// Bad admin flags are usage errors.
-	for _, args := range [][]string{
-		{"admin"},
-		{"admin", "locate", "--server", a.addr},
-		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m"},
-		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", "a", "--tokens-file", tokens},
-		{"admin", "locate", "--server", a.addr, "--tenant", "a b", "--namespace", "m", "--keys", "a"},
-		{"admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--tokens-file", tokens, "--block-tokens", "0"},
-		{"admin", "blocks", "--server", a.addr},
-		{"admin", "nodes", "--bogus"},
-		{"admin", "frobnicate"},
-	} {
-		if r := kv(t, nil, args...); r.code != 2 || r.stderr == "" {
-			t.Errorf("kvpool %v: exit %d, stderr %q; want exit 2", args, r.code, r.stderr)
-		}
-	}
-	// A node that does not exist is an error, not a usage error.
-	if r := kv(t, nil, "admin", "blocks", "--server", a.addr, "--node", "ghost"); r.code != 1 || !strings.Contains(r.stderr, "no node") {
-		t.Errorf("blocks of a ghost node: exit %d, %q", r.code, r.stderr)
 	}
 }

@@ -33,11 +33,11 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 				os.WriteFile(f, v, 0o644)
 				keys = append(keys, fmt.Sprintf("blk-%d", i))
 				values = append(values, v)
-				mustOK(t, kv(t, nil, "put", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--key", keys[i], "--file", f))
+				mustOK(t, kv(t, nil, "block", "put", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--key", keys[i], "--file", f))
 			}
 			deadline := time.Now().Add(20 * time.Second)
 			for {
-				r := mustOK(t, kv(t, nil, "admin", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--json"))
+				r := mustOK(t, kv(t, nil, "cluster", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--json"))
 				if strings.Contains(r.stdout, fmt.Sprintf(`"deepest_blocks": %d`, blocks)) {
 					break
 				}
@@ -50,7 +50,7 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 			// nothing.
 			out := filepath.Join(dir, "direct")
 			os.Mkdir(out, 0o755)
-			mustOK(t, kv(t, nil, "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--direct", "--dir", out))
+			mustOK(t, kv(t, nil, "block", "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--direct", "--dir", out))
 			for i, k := range keys {
 				got, _ := os.ReadFile(filepath.Join(out, hex.EncodeToString([]byte(k))))
 				if !bytes.Equal(got, values[i]) {
@@ -60,7 +60,7 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 			if r := kv(t, nil, "exists", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", keys[0]); r.code == 0 {
 				t.Fatalf("a direct read stored the block on node A: %s", r.stdout)
 			}
-			r := mustOK(t, kv(t, nil, "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--json"))
+			r := mustOK(t, kv(t, nil, "block", "fetch", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(keys, ","), "--json"))
 			var res struct {
 				Blocks []struct {
 					Source string `json:"source"`
@@ -79,7 +79,7 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 			}
 			for i, k := range keys {
 				out := filepath.Join(dir, "got-"+k)
-				mustOK(t, kv(t, nil, "get", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", k, "--file", out))
+				mustOK(t, kv(t, nil, "block", "get", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", k, "--file", out))
 				got, _ := os.ReadFile(out)
 				if !bytes.Equal(got, values[i]) {
 					t.Fatalf("block %d read back from node A differs from what node B stored", i)
@@ -94,7 +94,7 @@ func TestFetchBetweenTwoDaemonProcesses(t *testing.T) {
 			if m := scrape(t, a.metrics); !strings.Contains(m, want) {
 				t.Fatalf("node A's metrics lack %s:\n%s", want, grepLines(m, "kvpool_transfer"))
 			}
-			r = mustOK(t, kv(t, nil, "admin", "links", "--server", a.addr, "--json"))
+			r = mustOK(t, kv(t, nil, "cluster", "links", "--server", a.addr, "--json"))
 			if !strings.Contains(r.stdout, `"transport": "`+tr+`"`) || !strings.Contains(r.stdout, `"peer": "e2e-holder-`+tr+`"`) {
 				t.Fatalf("admin links after the fetch: %s", r.stdout)
 			}

@@ -36,8 +36,8 @@ func putBlocks(t *testing.T, c *api.Client, keys [][]byte, size int) {
 }
 
 func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
-	for _, tr := range []string{"tcp", "grpc", "shm"} {
-		t.Run(tr, func(t *testing.T) {
+	for _, tr := range []transfer.Protocol{transfer.ProtocolTCP, transfer.ProtocolGRPC, transfer.ProtocolSHM} {
+		t.Run(tr.String(), func(t *testing.T) {
 			// Count the ops each transport carries on node-2, the puller:
 			// with shm the nodes share this host, so no byte may go over
 			// tcp.
@@ -88,7 +88,7 @@ func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if ops[tr] != 8 || len(ops) != 1 {
+			if ops[tr.String()] != 8 || len(ops) != 1 {
 				t.Fatalf("ops by transport %v, want all 8 over %s", ops, tr)
 			}
 		})

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
-	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/test/cluster"
 	"github.com/kvpool/kvpool/transfer/cost"
@@ -185,35 +185,35 @@ func TestPlanMatchesExecution(t *testing.T) {
 			}
 			// Every daemon must see every engine's report and measured
 			// links before it plans.
-			req := &kvpoolv1.PlanRequest{Tenant: "acme", Namespace: "emu", Keys: keys}
-			var plans [3]*kvpoolv1.PlanResponse
-			c.Eventually("every daemon plans with the reported load and measured links", 10*time.Second, func() bool {
+			req := api.PlanRequest{Tenant: "acme", Namespace: "emu", Keys: keys}
+			var plans [3]api.Plan
+			eventually.True(t, "every daemon plans with the reported load and measured links", 10*time.Second, func() bool {
 				for i, e := range engines {
 					resp, err := e.client.Plan(context.Background(), req)
 					if err != nil {
 						t.Fatal(err)
 					}
 					plans[i] = resp
-					for _, np := range resp.GetNodes() {
-						ni := int(np.GetNodeId()[len("node-")] - '0')
-						if math.Abs(np.GetQueueSeconds()-queues[ni].Seconds()) > 1e-6 || math.Abs(np.GetPrefillTokensPerSecond()-speed) > speed*1e-9 {
+					for _, np := range resp.Nodes {
+						ni := int(np.Node[len("node-")] - '0')
+						if math.Abs(np.Queue.Seconds()-queues[ni].Seconds()) > 1e-6 || math.Abs(np.PrefillTokensPerSecond-speed) > speed*1e-9 {
 							return false
 						}
-						if np.GetSource() != "" && !np.GetLinkMeasured() {
+						if np.Source != "" && !np.LinkMeasured {
 							return false
 						}
 					}
 				}
 				return true
 			})
-			win := plans[0].GetNodes()[0]
+			win := plans[0].Nodes[0]
 			for i, p := range plans {
-				if w := p.GetNodes()[0]; w.GetNodeId() != win.GetNodeId() || w.GetPlan() != win.GetPlan() {
-					t.Fatalf("node-%d chose %s/%s, node-0 chose %s/%s", i, w.GetNodeId(), w.GetPlan(), win.GetNodeId(), win.GetPlan())
+				if w := p.Nodes[0]; w.Node != win.Node || w.Plan != win.Plan {
+					t.Fatalf("node-%d chose %s/%s, node-0 chose %s/%s", i, w.Node, w.Plan, win.Node, win.Plan)
 				}
 			}
-			if win.GetPlan() != sc.wantPlan && !(sc.wantPlan == "fetch" && win.GetPlan() == "split") {
-				t.Fatalf("winner %s plans %s; the scenario is built for %s", win.GetNodeId(), win.GetPlan(), sc.wantPlan)
+			if win.Plan != sc.wantPlan && !(sc.wantPlan == "fetch" && win.Plan == "split") {
+				t.Fatalf("winner %s plans %s; the scenario is built for %s", win.Node, win.Plan, sc.wantPlan)
 			}
 
 			// Execute both options on every candidate, one at a time.
@@ -222,40 +222,40 @@ func TestPlanMatchesExecution(t *testing.T) {
 				predicted, took time.Duration
 			}
 			var best outcome
-			for _, np := range plans[0].GetNodes() {
-				ni := int(np.GetNodeId()[len("node-")] - '0')
-				h, p, k := int(np.GetLocalBlocks()), int(np.GetPoolBlocks()), int(np.GetSplitBlocks())
-				fetchSide := np.GetPlan()
+			for _, np := range plans[0].Nodes {
+				ni := int(np.Node[len("node-")] - '0')
+				h, p, k := np.LocalBlocks, np.PoolBlocks, np.SplitBlocks
+				fetchSide := np.Plan
 				if fetchSide == "recompute" {
 					fetchSide = "fetch"
 				}
 				options := []struct {
 					plan      string
-					predicted float64
-				}{{"recompute", np.GetRecomputeTotalSeconds()}}
+					predicted time.Duration
+				}{{"recompute", np.RecomputeTotal}}
 				if p > h {
-					pred := np.GetFetchTotalSeconds()
+					pred := np.FetchTotal
 					if fetchSide == "split" {
-						pred = np.GetSplitTotalSeconds()
+						pred = np.SplitTotal
 					}
 					options = append(options, struct {
 						plan      string
-						predicted float64
+						predicted time.Duration
 					}{fetchSide, pred})
 				}
 				for _, o := range options {
 					took := engines[ni].run(t, o.plan, keys, h, p, k)
 					c.Converged(10 * time.Second)
-					oc := outcome{np.GetNodeId(), o.plan, time.Duration(o.predicted * float64(time.Second)), took}
+					oc := outcome{np.Node, o.plan, o.predicted, took}
 					t.Logf("%s %-9s predicted %8.2f ms, took %8.2f ms", oc.node, oc.plan, ms(oc.predicted), ms(oc.took))
 					if best.node == "" || took < best.took {
 						best = oc
 					}
 				}
 			}
-			if best.node != win.GetNodeId() || best.plan != win.GetPlan() {
+			if best.node != win.Node || best.plan != win.Plan {
 				t.Fatalf("the plan chose %s/%s (%.2f ms); %s/%s finished first in %.2f ms",
-					win.GetNodeId(), win.GetPlan(), win.GetTotalSeconds()*1e3, best.node, best.plan, ms(best.took))
+					win.Node, win.Plan, ms(win.Total), best.node, best.plan, ms(best.took))
 			}
 		})
 	}
@@ -270,17 +270,17 @@ func TestPlanRPCValidation(t *testing.T) {
 	cl := c.Client(0, api.PathData)
 	keys := chainKeys(t, 74, 4)
 	putBlocks(t, cl, keys[:2], 4096)
-	resp, err := cl.Estimate(context.Background(), &kvpoolv1.EstimateRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys})
+	est, err := cl.Estimate(context.Background(), api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := resp.GetNode(); n.GetNodeId() != "node-0" || n.GetLocalBlocks() != 2 || n.GetPlan() != "recompute" {
+	if n := est.Nodes[0]; n.Node != "node-0" || n.LocalBlocks != 2 || n.Plan != "recompute" {
 		t.Fatalf("estimate: %+v", n)
 	}
-	if s := resp.GetSummary(); s.GetModel() != "llama3-8b" || s.GetBlockTokens() != 16 || s.GetPromptTokens() != 64 || s.GetKvBytesPerToken() != 131072 {
-		t.Fatalf("summary: %+v", s)
+	if est.Model != "llama3-8b" || est.BlockTokens != 16 || est.PromptTokens != 64 || est.KVBytesPerToken != 131072 {
+		t.Fatalf("summary: %+v", est)
 	}
-	for name, req := range map[string]*kvpoolv1.PlanRequest{
+	for name, req := range map[string]api.PlanRequest{
 		"unknown model":     {Tenant: "acme", Namespace: "n", Keys: keys, Model: "gpt-9"},
 		"empty chain":       {Tenant: "acme", Namespace: "n"},
 		"bad tenant":        {Tenant: "a b", Namespace: "n", Keys: keys},

@@ -64,7 +64,7 @@ func TestShapedLinkEstimateConverges(t *testing.T) {
 	const shapedBytesPerSecond = 400e6 / 8
 	dir := t.TempDir()
 	serve := func(ns, id, addr string, extra ...string) {
-		args := append([]string{"netns", "exec", ns, bin, "serve", "--node-id", id, "--listen", addr + ":7070", "--metrics-listen", "",
+		args := append([]string{"netns", "exec", ns, bin, "node", "serve", "--node-id", id, "--listen", addr + ":7070", "--metrics-listen", "",
 			"--capacity", "256MiB", "--gossip-listen", addr + ":7946", "--shm-socket", filepath.Join(dir, id+".sock"), "--log-format", "json"}, extra...)
 		cmd := exec.Command(ipTool, args...)
 		stderr, _ := cmd.StderrPipe()
@@ -110,11 +110,11 @@ func TestShapedLinkEstimateConverges(t *testing.T) {
 	for i := range blocks {
 		k := fmt.Sprintf("shaped-%d", i)
 		keys = append(keys, k)
-		mustOK(t, in(nsB, "put", "--server", addrB+":7070", "--tenant", "t", "--namespace", "n", "--key", k, "--file", block))
+		mustOK(t, in(nsB, "block", "put", "--server", addrB+":7070", "--tenant", "t", "--namespace", "n", "--key", k, "--file", block))
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r := in(nsA, "admin", "locate", "--server", addrA+":7070", "--tenant", "t", "--namespace", "n", "--keys", strings.Join(keys, ","), "--json")
+		r := in(nsA, "cluster", "locate", "--server", addrA+":7070", "--tenant", "t", "--namespace", "n", "--keys", strings.Join(keys, ","), "--json")
 		if r.code == 0 && strings.Contains(r.stdout, fmt.Sprintf(`"deepest_blocks": %d`, blocks)) {
 			break
 		}
@@ -126,14 +126,14 @@ func TestShapedLinkEstimateConverges(t *testing.T) {
 	// One block per fetch: each is one bandwidth sample.
 	var took time.Duration
 	for _, k := range keys {
-		r := mustOK(t, in(nsA, "fetch", "--server", addrA+":7070", "--tenant", "t", "--namespace", "n", "--keys", k, "--json", "--holder-timeout", "10s"))
+		r := mustOK(t, in(nsA, "block", "fetch", "--server", addrA+":7070", "--tenant", "t", "--namespace", "n", "--keys", k, "--json", "--holder-timeout", "10s"))
 		var res struct {
 			Seconds float64 `json:"seconds"`
 		}
 		json.Unmarshal([]byte(r.stdout), &res)
 		took += time.Duration(res.Seconds * float64(time.Second))
 	}
-	r := mustOK(t, in(nsA, "admin", "links", "--server", addrA+":7070", "--json"))
+	r := mustOK(t, in(nsA, "cluster", "links", "--server", addrA+":7070", "--json"))
 	var links struct {
 		Links []struct {
 			Peer           string  `json:"peer"`

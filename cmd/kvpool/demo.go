@@ -14,13 +14,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
-	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
 )
 
-func demoCmd(e *env) *cobra.Command {
+func clusterDemoCmd(e *env) *cobra.Command {
 	var blocks, blockTokens int
 	var bytesPerToken int64
 	c := &cobra.Command{
@@ -33,10 +32,10 @@ the TCP data channel. Then a new request that shares a prefix asks any daemon
 where its blocks are: the per-node locality table, the deepest holder, and what
 the pool holds anywhere. It fetches the blocks, verifies every byte, prints the
 cluster stats, stops everything and exits 0.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if blocks < 4 || blockTokens < 1 || bytesPerToken < 1 {
-				return usageError{error: errors.New("want --blocks ≥ 4, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")}
+				return usagef("want --blocks ≥ 4, --block-tokens ≥ 1, --kv-bytes-per-token ≥ 1")
 			}
 			return runDemo(cmd.Context(), e, blocks, blockTokens, bytesPerToken)
 		},
@@ -191,30 +190,30 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	if err != nil {
 		return err
 	}
-	admin := kvpoolv1.NewAdminServiceClient(clients[2].Conn())
+	admin := clients[2].Admin()
 	// Locations reach every mirror, and gossip every daemon, within
 	// milliseconds of a put: wait for the cluster to settle.
-	want := map[string]uint32{"node-0": uint32(blocks), "node-1": uint32(blocks / 2), "node-2": uint32(blocks / 4)}
-	var loc *kvpoolv1.ClusterLocateResponse
+	want := map[string]int{"node-0": blocks, "node-1": blocks / 2, "node-2": blocks / 4}
+	var loc api.ClusterLocation
 	settled := func() (bool, error) {
-		if loc, err = admin.ClusterLocate(ctx, &kvpoolv1.ClusterLocateRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys}); err != nil {
-			return false, api.FromStatus(err)
+		if loc, err = admin.Locate(ctx, tenant, namespace, rkeys); err != nil {
+			return false, err
 		}
-		for _, np := range loc.GetNodes() {
-			if want[np.GetNodeId()] != np.GetPrefixBlocks() {
+		for _, np := range loc.Nodes {
+			if want[np.Node] != np.Blocks {
 				return false, nil
 			}
 		}
-		nodes, err := admin.ListNodes(ctx, &kvpoolv1.ListNodesRequest{})
+		nodes, _, err := admin.Nodes(ctx)
 		if err != nil {
-			return false, api.FromStatus(err)
+			return false, err
 		}
-		for _, n := range nodes.GetNodes() {
-			if n.GetGossipState() != "alive" || n.GetStoredBlocks() != uint64(want[n.GetNodeId()]) {
+		for _, n := range nodes {
+			if n.GossipState != "alive" || n.Blocks != uint64(want[n.ID]) {
 				return false, nil
 			}
 		}
-		return len(loc.GetNodes()) == 3, nil
+		return len(loc.Nodes) == 3, nil
 	}
 	waitStart := time.Now()
 	for {
@@ -231,8 +230,8 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		time.Sleep(5 * time.Millisecond)
 	}
 	fmt.Fprintf(out, "\nevery mirror and gossip agree %v after the last put\n", time.Since(waitStart).Round(time.Millisecond))
-	fmt.Fprintf(out, "\nnew request: %d tokens = %d blocks; asked node-2 where they are (kvpool admin locate):\n", len(request), len(rkeys))
-	printLocate(out, loc)
+	fmt.Fprintf(out, "\nnew request: %d tokens = %d blocks; asked node-2 where they are (kvpool cluster locate):\n", len(request), len(rkeys))
+	printLocate(out, &loc)
 
 	// Where should the request run, and should that node fetch or
 	// recompute? The engines report their queues (node-0 holds the most
@@ -244,18 +243,18 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 			return err
 		}
 	}
-	planReq := &kvpoolv1.PlanRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys, Model: "llama3-8b",
-		BlockTokens: uint32(blockTokens), PromptTokens: uint64(len(request))}
+	planReq := api.PlanRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys, Model: "llama3-8b",
+		BlockTokens: blockTokens, PromptTokens: len(request)}
 	waitStart = time.Now()
 	for {
-		resp, err := clients[2].Plan(ctx, planReq)
+		plan, err := clients[2].Plan(ctx, planReq)
 		if err != nil {
 			return err
 		}
 		seen := 0
-		for _, np := range resp.GetNodes() {
+		for _, np := range plan.Nodes {
 			for i, q := range queues {
-				if np.GetNodeId() == cl.nodes[i].ID() && time.Duration(np.GetQueueSeconds()*float64(time.Second)) == q {
+				if np.Node == cl.nodes[i].ID() && np.Queue == q {
 					seen++
 				}
 			}
@@ -268,26 +267,26 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	fmt.Fprintf(out, "\nthe engines report their queues (node-0 %v, node-1 %v, node-2 idle); node-2 plans the request as Llama-3-8B on H200s (kvpool plan --server):\n", queues[0], queues[1])
+	fmt.Fprintf(out, "\nthe engines report their queues (node-0 %v, node-1 %v, node-2 idle); node-2 plans the request as Llama-3-8B on H200s (kvpool chain plan --server):\n", queues[0], queues[1])
 	for _, whatIf := range []struct {
 		gbps float64
 		what string
 	}{{25, "fast links, 25 GB/s (200 Gbit/s RDMA)"}, {0.25, "slow links, 0.25 GB/s (2 Gbit/s)"}} {
 		planReq.LinkBytesPerSecond = whatIf.gbps * 1e9
-		resp, err := clients[2].Plan(ctx, planReq)
+		plan, err := clients[2].Plan(ctx, planReq)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "\n%s:\n", whatIf.what)
-		printPlan(out, resp)
-		win := resp.GetNodes()[0]
-		if win.GetPlan() == "recompute" {
+		printPlan(out, &plan)
+		win := plan.Nodes[0]
+		if win.Plan == "recompute" {
 			fmt.Fprintf(out, "=> recompute wins: %s recomputes in %.2f ms; fetching from %s would take %.2f ms\n",
-				win.GetNodeId(), win.GetRecomputeSeconds()*1e3, dash(win.GetSource()), win.GetFetchTotalSeconds()*1e3)
+				win.Node, ms(win.Recompute), dash(win.Source), ms(win.FetchTotal))
 		} else {
 			fmt.Fprintf(out, "=> fetch wins: %s loads blocks %d..%d from %s (%s), %.2f ms against %.2f ms recomputing\n",
-				win.GetNodeId(), max(win.GetSplitBlocks(), win.GetLocalBlocks()), win.GetPoolBlocks()-1, win.GetSource(), win.GetPlan(),
-				win.GetTotalSeconds()*1e3, win.GetRecomputeTotalSeconds()*1e3)
+				win.Node, max(win.SplitBlocks, win.LocalBlocks), win.PoolBlocks-1, win.Source, win.Plan,
+				ms(win.Total), ms(win.RecomputeTotal))
 		}
 	}
 
@@ -324,7 +323,7 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	for _, n := range cl.nodes {
 		if got := sources[n.ID()]; len(got) > 0 {
 			link := cl.nodes[2].Links().Estimate(n.ID(), time.Now())
-			fmt.Fprintf(out, "  %d blocks from %s; that link's estimate is now %.2f GB/s, rtt %v (kvpool admin links)\n",
+			fmt.Fprintf(out, "  %d blocks from %s; that link's estimate is now %.2f GB/s, rtt %v (kvpool cluster links)\n",
 				len(got), n.ID(), link.BytesPerSecond/1e9, link.RTT.Round(time.Microsecond))
 		}
 	}
@@ -338,19 +337,19 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		return errors.New("demo: an immutable block was overwritten")
 	}
 
-	st, err := admin.ClusterStats(ctx, &kvpoolv1.ClusterStatsRequest{})
+	st, err := admin.Stats(ctx)
 	if err != nil {
-		return api.FromStatus(err)
+		return err
 	}
-	fmt.Fprintln(out, "\ncluster stats (kvpool admin stats):")
-	printClusterStats(out, st)
-	nodes, err := admin.ListNodes(ctx, &kvpoolv1.ListNodesRequest{})
+	fmt.Fprintln(out, "\ncluster stats (kvpool cluster stats):")
+	printClusterStats(out, &st)
+	nodes, _, err := admin.Nodes(ctx)
 	if err != nil {
-		return api.FromStatus(err)
+		return err
 	}
-	fmt.Fprintln(out, "\nnodes (kvpool admin nodes):")
-	for _, n := range nodes.GetNodes() {
-		fmt.Fprintf(out, "  %s  etcd %s, gossip %s, %s, %d blocks published\n", n.GetNodeId(), n.GetEtcdState(), n.GetGossipState(), dash(n.GetZone()), n.GetPublishedBlocks())
+	fmt.Fprintln(out, "\nnodes (kvpool cluster nodes):")
+	for _, n := range nodes {
+		fmt.Fprintf(out, "  %s  etcd %s, gossip %s, %s, %d blocks published\n", n.ID, n.EtcdState, n.GossipState, dash(n.Zone), n.PublishedBlocks)
 	}
 	fmt.Fprintln(out, "\nstopping the daemons and etcd")
 	for _, c := range clients {

@@ -6,19 +6,16 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
-	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 )
 
-func adminPolicyCmd(e *env) *cobra.Command {
-	c := &cobra.Command{
-		Use:   "policy",
-		Short: "Set, show and list per-tenant eviction policies, quotas, watermarks and TTLs",
-		Long: `policy manages how each tenant's blocks are kept. A policy is stored in etcd and
+func policyCmd(e *env) *cobra.Command {
+	c := noun("policy", "Set, show and list per-tenant eviction policies, quotas, watermarks and TTLs",
+		policySetCmd(e), policyGetCmd(e), policyListCmd(e), policyDeleteCmd(e))
+	c.Long = `policy manages how each tenant's blocks are kept. A policy is stored in etcd and
 every daemon applies it within a second, with no restart (a standalone daemon
 keeps it in memory).
 
@@ -30,197 +27,160 @@ keeps it in memory).
   --high, --low
              fractions of the quota: past high, the tenant evicts down to low
              (defaults 0.95 and 0.85)
-  --ttl      blocks expire this long after they are stored (0: never)`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{error: errors.New("policy needs a subcommand: set, get, list or delete")}
-		},
-	}
-	c.AddCommand(policySetCmd(e), policyGetCmd(e), policyListCmd(e), policyDeleteCmd(e))
+  --ttl      blocks expire this long after they are stored (0: never)`
 	return c
 }
 
+// policyJSON is the --json shape of a policy.
+type policyJSON struct {
+	Tenant            string  `json:"tenant"`
+	Policy            string  `json:"policy"`
+	QuotaBytes        int64   `json:"quota_bytes"`
+	HighWatermark     float64 `json:"high_watermark"`
+	LowWatermark      float64 `json:"low_watermark"`
+	DefaultTTLSeconds float64 `json:"default_ttl_seconds"`
+	StoredUnixMs      int64   `json:"stored_unix_ms,omitempty"`
+}
+
+func newPolicyJSON(p api.Policy) policyJSON {
+	return policyJSON{Tenant: p.Tenant, Policy: p.Kind, QuotaBytes: p.QuotaBytes, HighWatermark: p.High, LowWatermark: p.Low,
+		DefaultTTLSeconds: p.DefaultTTL.Seconds()}
+}
+
 func policySetCmd(e *env) *cobra.Command {
-	var f adminFlags
-	var tenant, policy string
-	var quota int64
-	var ttl time.Duration
-	var high, low float64
+	var f clientFlags
+	var p api.Policy
 	c := &cobra.Command{
 		Use:     "set",
 		Short:   "Set a tenant's policy; every daemon applies it within a second",
-		Example: `  kvpool admin policy set --tenant acme --policy prefix-lru --quota 16GiB --high 0.9 --low 0.7 --ttl 1h`,
-		Args:    cobra.NoArgs,
+		Example: `  kvpool policy set --tenant acme --policy prefix-lru --quota 16GiB --high 0.9 --low 0.7 --ttl 1h`,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var errs []error
-			errs = append(errs, api.ValidateName("--tenant", tenant))
-			if policy == "" {
+			errs := []error{api.ValidateName("--tenant", p.Tenant)}
+			if p.Kind == "" {
 				errs = append(errs, errors.New("--policy is required: lru, lfu, fifo, ttl or prefix-lru"))
 			}
 			if !cmd.Flags().Changed("quota") {
 				errs = append(errs, errors.New("--quota is required: a size such as 16GiB, or 0 for none"))
 			}
-			if ttl < 0 {
-				errs = append(errs, fmt.Errorf("--ttl %v must not be negative", ttl))
+			if p.DefaultTTL < 0 {
+				errs = append(errs, fmt.Errorf("--ttl %v must not be negative", p.DefaultTTL))
 			}
 			if err := errors.Join(errs...); err != nil {
-				return usageError{error: err}
+				return usage(err)
 			}
-			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
-				r, err := a.SetPolicy(ctx, &kvpoolv1.SetPolicyRequest{Policy: &kvpoolv1.TenantPolicy{
-					Tenant: tenant, Policy: policy, QuotaBytes: quota, HighWatermark: high, LowWatermark: low, DefaultTtlSeconds: ttl.Seconds(),
-				}})
+			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
+				stored, at, err := a.SetPolicy(ctx, p)
 				if err != nil {
 					return err
 				}
 				if f.asJSON {
-					out := policyJSON(r.GetPolicy())
-					out["stored_unix_ms"] = r.GetStoredUnixMs()
+					out := newPolicyJSON(stored)
+					out.StoredUnixMs = at.UnixMilli()
 					return printJSON(e.stdout, out)
 				}
-				printPolicies(e.stdout, []*kvpoolv1.TenantPolicy{r.GetPolicy()})
+				printPolicies(e.stdout, []api.Policy{stored})
 				fmt.Fprintln(e.stdout, "stored; every daemon applies it on its next etcd watch event (milliseconds)")
 				return nil
 			})
 		},
 	}
-	f.register(c)
+	adminFlags(c, &f)
 	fl := c.Flags()
-	fl.StringVar(&tenant, "tenant", "", "tenant (required)")
-	fl.StringVar(&policy, "policy", "", "lru, lfu, fifo, ttl or prefix-lru (required)")
-	fl.Var(sizeFlag{&quota}, "quota", "per-node quota, e.g. 16GiB; 0 for none (required)")
-	fl.DurationVar(&ttl, "ttl", 0, "blocks expire this long after they are stored; 0 means never")
-	fl.Float64Var(&high, "high", 0, "high watermark, a fraction of the quota (default 0.95)")
-	fl.Float64Var(&low, "low", 0, "low watermark, a fraction of the quota (default 0.85)")
+	fl.StringVar(&p.Tenant, "tenant", "", "tenant (required)")
+	fl.StringVar(&p.Kind, "policy", "", "lru, lfu, fifo, ttl or prefix-lru (required)")
+	fl.Var(sizeFlag{&p.QuotaBytes}, "quota", "per-node quota, e.g. 16GiB; 0 for none (required)")
+	fl.DurationVar(&p.DefaultTTL, "ttl", 0, "blocks expire this long after they are stored; 0 means never")
+	fl.Float64Var(&p.High, "high", 0, "high watermark, a fraction of the quota (default 0.95)")
+	fl.Float64Var(&p.Low, "low", 0, "low watermark, a fraction of the quota (default 0.85)")
 	return c
 }
 
 func policyGetCmd(e *env) *cobra.Command {
-	var f adminFlags
+	var f clientFlags
 	var tenant string
 	c := &cobra.Command{
 		Use:   "get",
 		Short: "Show a tenant's stored policy",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := api.ValidateName("--tenant", tenant); err != nil {
-				return usageError{error: err}
+				return usage(err)
 			}
-			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
-				r, err := a.GetPolicy(ctx, &kvpoolv1.GetPolicyRequest{Tenant: tenant})
+			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
+				p, err := a.Policy(ctx, tenant)
 				if err != nil {
 					return err
 				}
 				if f.asJSON {
-					return printJSON(e.stdout, policyJSON(r.GetPolicy()))
+					return printJSON(e.stdout, newPolicyJSON(p))
 				}
-				printPolicies(e.stdout, []*kvpoolv1.TenantPolicy{r.GetPolicy()})
+				printPolicies(e.stdout, []api.Policy{p})
 				return nil
 			})
 		},
 	}
-	f.register(c)
+	adminFlags(c, &f)
 	c.Flags().StringVar(&tenant, "tenant", "", "tenant (required)")
 	return c
 }
 
 func policyListCmd(e *env) *cobra.Command {
-	var f adminFlags
+	var f clientFlags
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List every stored tenant policy",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
-				r, err := a.ListPolicies(ctx, &kvpoolv1.ListPoliciesRequest{})
+			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
+				ps, err := a.Policies(ctx)
 				if err != nil {
 					return err
 				}
 				if f.asJSON {
-					out := []map[string]any{}
-					for _, p := range r.GetPolicies() {
-						out = append(out, policyJSON(p))
+					out := []policyJSON{}
+					for _, p := range ps {
+						out = append(out, newPolicyJSON(p))
 					}
 					return printJSON(e.stdout, out)
 				}
-				printPolicies(e.stdout, r.GetPolicies())
+				printPolicies(e.stdout, ps)
 				return nil
 			})
 		},
 	}
-	f.register(c)
+	adminFlags(c, &f)
 	return c
 }
 
 func policyDeleteCmd(e *env) *cobra.Command {
-	var f adminFlags
+	var f clientFlags
 	var tenant string
 	c := &cobra.Command{
 		Use:   "delete",
 		Short: "Delete a tenant's policy: its blocks fall back to the node's defaults",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := api.ValidateName("--tenant", tenant); err != nil {
-				return usageError{error: err}
+				return usage(err)
 			}
-			return f.call(cmd, func(ctx context.Context, a kvpoolv1.AdminServiceClient) error {
-				_, err := a.DeletePolicy(ctx, &kvpoolv1.DeletePolicyRequest{Tenant: tenant})
-				return err
-			})
+			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error { return a.DeletePolicy(ctx, tenant) })
 		},
 	}
-	f.register(c)
+	adminFlags(c, &f)
 	c.Flags().StringVar(&tenant, "tenant", "", "tenant (required)")
 	return c
 }
 
-func policyJSON(p *kvpoolv1.TenantPolicy) map[string]any {
-	return map[string]any{"tenant": p.GetTenant(), "policy": p.GetPolicy(), "quota_bytes": p.GetQuotaBytes(),
-		"high_watermark": p.GetHighWatermark(), "low_watermark": p.GetLowWatermark(), "default_ttl_seconds": p.GetDefaultTtlSeconds()}
-}
-
-func printPolicies(w io.Writer, ps []*kvpoolv1.TenantPolicy) {
+func printPolicies(w io.Writer, ps []api.Policy) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tHIGH\tLOW\tTTL")
 	for _, p := range ps {
-		quota, ttl := "none", "never"
-		if q := p.GetQuotaBytes(); q > 0 {
-			quota = humanBytes(uint64(q))
+		ttl := "never"
+		if p.DefaultTTL > 0 {
+			ttl = p.DefaultTTL.String()
 		}
-		if s := p.GetDefaultTtlSeconds(); s > 0 {
-			ttl = time.Duration(s * float64(time.Second)).String()
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.2f\t%s\n", p.GetTenant(), p.GetPolicy(), quota, p.GetHighWatermark(), p.GetLowWatermark(), ttl)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.2f\t%s\n", p.Tenant, p.Kind, quota(p.QuotaBytes), p.High, p.Low, ttl)
 	}
 	tw.Flush()
-}
-
-// printTenants shows a node's per-tenant usage and what eviction did.
-func printTenants(w io.Writer, node string, ts []*kvpoolv1.TenantStats) {
-	if len(ts) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "tenants on %s:\n", node)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tSTORED\tBLOCKS\tHITS\tMISSES\tEVICTED (quota/pressure/ttl)\tREJECTED")
-	for _, t := range ts {
-		quota := "none"
-		if q := t.GetQuotaBytes(); q > 0 {
-			quota = humanBytes(uint64(q))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d/%d\t%d\n", t.GetTenant(), t.GetPolicy(), quota, humanBytes(t.GetStoredBytes()),
-			t.GetBlocks(), t.GetHits(), t.GetMisses(), t.GetQuotaEvictions(), t.GetPressureEvictions(), t.GetExpirations(), t.GetRejected())
-	}
-	tw.Flush()
-}
-
-func tenantsJSON(ts []*kvpoolv1.TenantStats) []map[string]any {
-	out := []map[string]any{}
-	for _, t := range ts {
-		out = append(out, map[string]any{"tenant": t.GetTenant(), "policy": t.GetPolicy(), "quota_bytes": t.GetQuotaBytes(),
-			"stored_bytes": t.GetStoredBytes(), "blocks": t.GetBlocks(), "hits": t.GetHits(), "misses": t.GetMisses(),
-			"quota_evictions": t.GetQuotaEvictions(), "pressure_evictions": t.GetPressureEvictions(), "expirations": t.GetExpirations(),
-			"rejected": t.GetRejected(), "policy_applied_unix_ms": t.GetPolicyAppliedUnixMs()})
-	}
-	return out
 }

@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
@@ -267,14 +268,9 @@ func (c *Cluster) Converged(within time.Duration) []string {
 	return want
 }
 
-// Eventually polls cond until it holds or within passes.
+// Eventually waits until cond holds, failing the test when within passes
+// first (eventually.True, for the cluster's test).
 func (c *Cluster) Eventually(what string, within time.Duration, cond func() bool) {
 	c.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.True(c.t, what, within, cond)
 }

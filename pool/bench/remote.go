@@ -13,22 +13,26 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
-	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // RemoteConfig adds to Config what --remote needs.
 type RemoteConfig struct {
-	// Transport is how the fetching node pulls: tcp or grpc.
-	Transport string
+	// Transport is how the fetching node pulls: tcp, grpc or shm. Default
+	// tcp.
+	Transport transfer.Protocol
 	// Conns is the tcp transport's connections per peer; the raw-TCP
 	// baseline uses as many.
 	Conns int
 	// ChainBlocks is how many blocks one Fetch asks for.
 	ChainBlocks int
+	// EtcdEndpoints is the etcd the two nodes meet in (the CLI starts an
+	// embedded one). Required.
+	EtcdEndpoints []string
 }
 
-// RunRemote starts an embedded etcd and two nodes in this process, stores
+// RunRemote starts two nodes in this process on rc's etcd, stores
 // blocks on node B, and measures node A fetching them (pin on B, one-sided
 // reads into A's arena, checksum, commit as a replica): each client asks
 // A to Fetch a chain of ChainBlocks blocks, then drops A's copies so the
@@ -48,21 +52,16 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	e, err := embedded.Start(embedded.Config{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
-	if err != nil {
-		return nil, err
-	}
-	defer e.Close()
 	var nodes []*pool.Node
-	for i, id := range []string{"fetcher", "holder"} {
-		cli, err := metadata.NewClient([]string{e.ClientURL()})
+	for _, id := range []string{"fetcher", "holder"} {
+		cli, err := metadata.NewClient(rc.EtcdEndpoints)
 		if err != nil {
 			return nil, err
 		}
 		defer cli.Close()
 		pc := pool.DefaultConfig(id, cfg.CapacityBytes)
 		pc.ListenAddr, pc.ShmSocket, pc.DisableShm = "127.0.0.1:0", "", true
-		if rc.Transport == "shm" {
+		if rc.Transport == transfer.ProtocolSHM {
 			// Both nodes on this host: the fetcher maps the holder's arena.
 			pc.ShmSocket, pc.DisableShm = filepath.Join(dir, id+".sock"), false
 		}
@@ -80,7 +79,6 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		defer func() { cancel(); <-done; n.Close() }()
 		<-n.Ready()
 		nodes = append(nodes, n)
-		_ = i
 	}
 	fetcher, holder := nodes[0], nodes[1]
 	hc, err := api.Dial(ctx, api.ClientConfig{Server: holder.Addr().String(), Path: api.PathData})
@@ -116,15 +114,15 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		}
 		defer clients[i].Close()
 	}
-	res := &Result{Op: "fetch", Path: rc.Transport, BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: "in-process, 2 nodes"}
+	res := &Result{Op: "fetch", Path: rc.Transport.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: "in-process, 2 nodes"}
 	var base baseline
 	if !cfg.NoBaseline {
 		bc := cfg
 		bc.Clients = rc.Conns
-		if rc.Transport == "grpc" {
+		if rc.Transport == transfer.ProtocolGRPC {
 			bc.Clients = 1
 		}
-		if rc.Transport == "shm" {
+		if rc.Transport == transfer.ProtocolSHM {
 			// The shm transport copies with two workers.
 			bc.Clients = 2
 			mb := &memcpyBaseline{cfg: bc}
@@ -154,11 +152,11 @@ func fillRemote(cfg *Config, rc *RemoteConfig) error {
 	if err := cfg.fill(); err != nil {
 		return err
 	}
-	if rc.Transport == "" {
-		rc.Transport = "tcp"
+	if rc.Transport == 0 {
+		rc.Transport = transfer.ProtocolTCP
 	}
-	if rc.Transport != "tcp" && rc.Transport != "grpc" && rc.Transport != "shm" {
-		return fmt.Errorf("%w: transport %q: want tcp, grpc or shm", api.ErrInvalidArgument, rc.Transport)
+	if len(rc.EtcdEndpoints) == 0 {
+		return fmt.Errorf("%w: remote bench: no etcd endpoints", api.ErrInvalidArgument)
 	}
 	if rc.Conns <= 0 {
 		rc.Conns = 2

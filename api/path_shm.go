@@ -1,0 +1,458 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvpool/kvpool/api/internal/seqlock"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
+)
+
+// shmPath is a client's attachment to a same-host node: the node's segment
+// mapped into this process and one unix-socket session (a data-channel
+// Conn) that pins blocks and holds reservations. Metadata round trips on
+// the session are serialized by mu; copies of block bytes run outside it,
+// in parallel.
+type shmPath struct {
+	nodeID    string
+	pageBytes uint64
+	verify    bool // checksum every copy out of the segment
+	noCache   bool
+
+	// live guards the mapping: every copy in or out of the segment holds
+	// it for reading, and close takes it for writing before unmapping, so
+	// a Close waits for the copies in flight and later calls fail with
+	// ErrUnavailable instead of faulting.
+	live struct {
+		sync.RWMutex
+		unmapped bool
+	}
+	mem []byte
+	// versions mirrors pool.Store.versions (read-only): for each page, the
+	// pin handle of the live block starting there, or 0.
+	versions    []uint64
+	versionsMap []byte
+
+	// cache remembers where blocks this client has read live, so a repeat
+	// Get copies straight from the segment with no round trip. versions
+	// guards it like a seqlock (package seqlock): a hit counts only if the
+	// block's word holds the same handle before and after the copy.
+	cacheMu sync.RWMutex
+	cache   map[string]location
+
+	mu     sync.Mutex
+	conn   *wire.Conn
+	broken error // set once the session fails; later calls fail fast
+	closed bool
+	// pending are pin handles released by the caller but not yet sent:
+	// they ride in front of the next request, or go out on their own
+	// after releaseDelay. Waking the node's process once per Get instead
+	// of twice is worth about a third of a 2 MiB copy.
+	pending []uint64
+	flusher *time.Timer
+}
+
+// location is a cached block: its place in the segment, its checksum and
+// the pin handle the node gave it (the value of its versions word).
+type location struct {
+	offset, size uint64
+	crc          uint32
+	handle       uint64
+}
+
+// maxCachedLocations bounds the location cache; it is cleared when full.
+const maxCachedLocations = 1 << 16
+
+// releaseDelay bounds how long a released pin may stay held on the node
+// while the client is idle.
+const releaseDelay = time.Millisecond
+
+func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfig) (*shmPath, error) {
+	path := info.GetShmSocket()
+	switch {
+	case path == "":
+		return nil, fmt.Errorf("%w: client: node %s offers no shared memory", ErrUnavailable, info.GetNodeId())
+	case info.GetHostId() != HostID():
+		return nil, fmt.Errorf("%w: client: node %s is on another host", ErrUnavailable, info.GetNodeId())
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: shm socket %s: %v", ErrUnavailable, path, err)
+	}
+	uc := nc.(*net.UnixConn)
+	s, err := readHello(uc, info.GetNodeId())
+	if err != nil {
+		uc.Close()
+		return nil, err
+	}
+	s.conn = wire.NewConn(uc, wireConfig)
+	// Without a load fence on this architecture the cache's seqlock
+	// cannot rule out a torn copy: every cached copy is then verified.
+	s.verify = cfg.VerifySharedReads || !seqlock.Fenced
+	s.noCache = cfg.NoLocationCache
+	return s, nil
+}
+
+// readHello receives the node's Hello and the segment's descriptor, and
+// maps the segment.
+func readHello(uc *net.UnixConn, wantNode string) (*shmPath, error) {
+	buf := make([]byte, 512)
+	oob := make([]byte, unix.CmsgSpace(8))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: shm hello: %v", ErrUnavailable, err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("%w: client: shm hello carried no descriptor", ErrUnavailable)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	for _, fd := range fds {
+		defer unix.Close(fd) // the mappings outlive the descriptors
+	}
+	if err != nil || len(fds) != 2 {
+		return nil, fmt.Errorf("%w: client: shm hello carried %d descriptors, want 2", ErrUnavailable, len(fds))
+	}
+	fd, verFD := fds[0], fds[1]
+	var h wire.Hello
+	if err := wire.DecodeHello(buf[:n], &h); err != nil {
+		return nil, fmt.Errorf("%w: client: %v", ErrUnavailable, err)
+	}
+	if h.NodeID != wantNode {
+		return nil, fmt.Errorf("%w: client: shm socket belongs to node %q, not %q", ErrUnavailable, h.NodeID, wantNode)
+	}
+	if h.PageBytes == 0 || h.VersionWords != h.SegmentBytes/uint64(h.PageBytes) {
+		return nil, fmt.Errorf("%w: client: hello: %d version words for %d pages", ErrUnavailable, h.VersionWords, h.SegmentBytes/uint64(max(h.PageBytes, 1)))
+	}
+	mem, err := unix.Mmap(fd, 0, int(h.SegmentBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: map segment of %d bytes: %v", ErrUnavailable, h.SegmentBytes, err)
+	}
+	verBytes := int(h.VersionWords*8+4095) &^ 4095
+	vmem, err := unix.Mmap(verFD, 0, verBytes, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("%w: client: map version words: %v", ErrUnavailable, err)
+	}
+	return &shmPath{
+		mem:         mem,
+		nodeID:      h.NodeID,
+		versions:    unsafe.Slice((*uint64)(unsafe.Pointer(&vmem[0])), h.VersionWords),
+		versionsMap: vmem,
+		pageBytes:   uint64(h.PageBytes),
+		cache:       map[string]location{},
+	}, nil
+}
+
+var errClientClosed = fmt.Errorf("%w: client is closed", ErrUnavailable)
+
+func (s *shmPath) close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	if s.flusher != nil {
+		s.flusher.Stop()
+	}
+	err := s.conn.Close()
+	s.mu.Unlock()
+	// Wait for copies in flight, then unmap.
+	s.live.Lock()
+	defer s.live.Unlock()
+	s.live.unmapped = true
+	if uerr := unix.Munmap(s.mem); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	if uerr := unix.Munmap(s.versionsMap); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	return err
+}
+
+// usableLocked reports why the session cannot take a request, or nil.
+// REQUIRES: s.mu.
+func (s *shmPath) usableLocked() error {
+	switch {
+	case s.broken != nil:
+		return s.broken
+	case s.closed:
+		return errClientClosed
+	}
+	return nil
+}
+
+// roundTrip sends r, after any pending releases, and reads its response,
+// with the session lock held.
+func (s *shmPath) roundTrip(ctx context.Context, r *wire.Request) (wire.Response, error) {
+	var out wire.Response
+	err := s.session(func(c *wire.Conn) error {
+		resp, err := c.RoundTrip(ctx, r)
+		if resp == nil {
+			return ioError(ctx, "shm "+r.Op.String(), err)
+		}
+		out = *resp
+		return err
+	})
+	return out, err
+}
+
+// queueReleasesLocked queues a release frame for every pending pin.
+// REQUIRES: s.mu.
+func (s *shmPath) queueReleasesLocked() {
+	for _, h := range s.pending {
+		s.conn.Queue(&wire.Request{Op: wire.OpRelease, Handle: h})
+	}
+	s.pending = s.pending[:0]
+}
+
+// release queues a pin's release; see pending.
+func (s *shmPath) release(h uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.usableLocked() != nil {
+		return // the node frees what the session held when it closes
+	}
+	s.pending = append(s.pending, h)
+	if s.flusher == nil {
+		s.flusher = time.AfterFunc(releaseDelay, s.flush)
+	} else {
+		s.flusher.Reset(releaseDelay)
+	}
+}
+
+// flush sends pending releases now.
+func (s *shmPath) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 || s.usableLocked() != nil {
+		return
+	}
+	s.queueReleasesLocked()
+	s.conn.NetConn().SetDeadline(time.Time{})
+	if err := s.conn.Flush(nil); err != nil {
+		s.broken = fmt.Errorf("%w: client: shm release: %v", ErrUnavailable, err)
+	}
+}
+
+// abort abandons a reservation (no response), with any pending releases
+// in front of it.
+func (s *shmPath) abort(handle uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.usableLocked() != nil {
+		return // the node frees what the session held when it closes
+	}
+	s.queueReleasesLocked()
+	if err := s.conn.Notify(&wire.Request{Op: wire.OpAbort, Handle: handle}, 5*time.Second); err != nil {
+		s.broken = fmt.Errorf("%w: client: shm abort: %v", ErrUnavailable, err)
+	}
+}
+
+// region returns the mapped bytes [off, off+n), checking the node's reply.
+func (s *shmPath) region(off, n uint64) ([]byte, error) {
+	if off > uint64(len(s.mem)) || n > uint64(len(s.mem))-off {
+		return nil, fmt.Errorf("%w: client: node named bytes [%d, +%d) outside its %d-byte segment", ErrInternal, off, n, len(s.mem))
+	}
+	return s.mem[off : off+n : off+n], nil
+}
+
+// mapped runs f with the mapping held (see live), or fails after close.
+func (s *shmPath) mapped(f func() error) error {
+	s.live.RLock()
+	defer s.live.RUnlock()
+	if s.live.unmapped {
+		return errClientClosed
+	}
+	return f()
+}
+
+func (s *shmPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) {
+	r := keyRequest(wire.OpView, k)
+	if l.on {
+		r.Flags, r.LeaseMs = wire.FlagLease, l.ms
+	}
+	resp, err := s.roundTrip(ctx, &r)
+	if err != nil {
+		return nil, err
+	}
+	v := &View{s: s, handle: resp.Handle, offset: int64(resp.Offset), crc: resp.CRC}
+	if v.mem, err = s.region(resp.Offset, resp.ValueLen); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+func (s *shmPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, error) {
+	var kb [2*MaxNameBytes + MaxKeyBytes + 2]byte
+	ck := append(append(append(append(append(kb[:0], k.Tenant...), 0), k.Namespace...), 0), k.Key...)
+	if !s.noCache && !l.on {
+		if v, ok, err := s.getCached(ck, k, dst); ok || err != nil {
+			return v, err
+		}
+	}
+	v, err := s.view(ctx, k, l)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	var out []byte
+	err = s.mapped(func() (err error) {
+		out, err = s.copyOut(k, v.mem, v.crc, dst)
+		return err
+	})
+	if err == nil && !s.noCache {
+		s.remember(string(ck), location{offset: uint64(v.offset), size: uint64(len(v.mem)), crc: v.crc, handle: v.handle})
+	}
+	return out, err
+}
+
+// getCached serves k from the location cache. ok is false on a miss (or a
+// block that changed), and the caller asks the node.
+func (s *shmPath) getCached(ck []byte, k BlockKey, dst []byte) (out []byte, ok bool, err error) {
+	s.cacheMu.RLock()
+	loc, hit := s.cache[string(ck)]
+	s.cacheMu.RUnlock()
+	if !hit {
+		return nil, false, nil
+	}
+	if dst != nil && uint64(len(dst)) < loc.size {
+		return nil, true, shortBuffer(len(dst), loc.size)
+	}
+	err = s.mapped(func() error {
+		// The node clears the word before the block's pages can be
+		// reused, so an unchanged word means the copy saw only this
+		// block's bytes.
+		ok = seqlock.Read(&s.versions[loc.offset/s.pageBytes], loc.handle, func() {
+			out, err = s.copyOut(k, s.mem[loc.offset:loc.offset+loc.size], loc.crc, dst)
+		})
+		return nil
+	})
+	if err == nil && !ok {
+		s.forget(ck)
+		return nil, false, nil
+	}
+	return out, true, err
+}
+
+func (s *shmPath) remember(ck string, loc location) {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	if len(s.cache) >= maxCachedLocations {
+		clear(s.cache)
+	}
+	s.cache[ck] = loc
+}
+
+func (s *shmPath) forget(ck []byte) {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	delete(s.cache, string(ck))
+}
+
+// copyOut copies a block's bytes out of the segment into dst (a new slice
+// when dst is nil), checksumming them when the path verifies. REQUIRES:
+// the mapping held (mapped).
+func (s *shmPath) copyOut(k BlockKey, src []byte, want uint32, dst []byte) ([]byte, error) {
+	if dst == nil {
+		dst = make([]byte, len(src))
+	}
+	if len(dst) < len(src) {
+		return nil, shortBuffer(len(dst), uint64(len(src)))
+	}
+	dst = dst[:len(src)]
+	if !s.verify {
+		copy(dst, src)
+		return dst, nil
+	}
+	// Checksum each piece right after copying it, while it is in cache.
+	var crc uint32
+	for off := 0; off < len(dst); off += 64 << 10 {
+		end := min(off+64<<10, len(dst))
+		copy(dst[off:end], src[off:end])
+		crc = UpdateChecksum(crc, dst[off:end])
+	}
+	if crc != want {
+		return nil, fmt.Errorf("%w: client: %s: shared block has CRC %08x, the node stored %08x", ErrDataLoss, k, crc, want)
+	}
+	return dst, nil
+}
+
+func (s *shmPath) reserve(ctx context.Context, k BlockKey, size int) (*Reservation, error) {
+	r := keyRequest(wire.OpReserve, k)
+	r.ValueLen = uint64(size)
+	resp, err := s.roundTrip(ctx, &r)
+	if err != nil {
+		return nil, err
+	}
+	res := &Reservation{path: s, s: s, k: k, handle: resp.Handle}
+	if res.mem, err = s.region(resp.Offset, uint64(size)); err != nil {
+		res.Abort()
+		return nil, err
+	}
+	return res, nil
+}
+
+// commit publishes the reservation handle; copies > 1 also has the node
+// place copies on other nodes.
+func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32) (PutResult, error) {
+	resp, err := s.roundTrip(ctx, &wire.Request{Op: wire.OpCommit, Handle: handle, Replicas: copies})
+	if err != nil {
+		return PutResult{}, err
+	}
+	return PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}, nil
+}
+
+// put writes value in place: reserve, copy into the segment, commit.
+func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error) {
+	res, err := s.reserve(ctx, k, len(value))
+	if err != nil {
+		return PutResult{}, err
+	}
+	if err := s.mapped(func() error { copy(res.mem, value); return nil }); err != nil {
+		return PutResult{}, err
+	}
+	res.done = true
+	return s.commit(ctx, res.handle, copies)
+}
+
+func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {
+	errs := make([]error, len(keys))
+	for off := 0; off < len(keys); off += removeWindow {
+		end := min(off+removeWindow, len(keys))
+		if err := s.session(func(c *wire.Conn) error {
+			return removeOver(ctx, c, tenant, namespace, keys[off:end], force, errs[off:end])
+		}); err != nil {
+			return errs, err
+		}
+	}
+	return errs, nil
+}
+
+// session runs f on the session's connection, after queueing any pending
+// releases, with the session lock held; a broken connection breaks the
+// session.
+func (s *shmPath) session(f func(c *wire.Conn) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return err
+	}
+	s.queueReleasesLocked()
+	err := f(s.conn)
+	if !s.conn.Usable() {
+		s.broken = fmt.Errorf("%w: client: the shm session with %s ended: %v", ErrUnavailable, s.nodeID, err)
+	}
+	return err
+}

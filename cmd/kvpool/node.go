@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/metadata/embedded"
+	"github.com/kvpool/kvpool/pool/bench"
+	"github.com/kvpool/kvpool/transfer"
+)
+
+// statsJSON is the --json shape of node stats: every field present,
+// numbers as numbers.
+type statsJSON struct {
+	NodeID                string          `json:"node_id"`
+	CapacityBytes         uint64          `json:"capacity_bytes"`
+	UsedBytes             uint64          `json:"used_bytes"`
+	FreeBytes             uint64          `json:"free_bytes"`
+	StoredBytes           uint64          `json:"stored_bytes"`
+	Blocks                uint64          `json:"blocks"`
+	Reservations          uint64          `json:"reservations"`
+	ReservedBytes         uint64          `json:"reserved_bytes"`
+	PageBytes             uint64          `json:"page_bytes"`
+	LargestFreeBytes      uint64          `json:"largest_free_bytes"`
+	ExternalFragmentation float64         `json:"external_fragmentation"`
+	InternalFragmentation float64         `json:"internal_fragmentation"`
+	MemoryLocked          bool            `json:"memory_locked"`
+	Namespaces            []namespaceJSON `json:"namespaces"`
+	Tenants               []tenantJSON    `json:"tenants"`
+	LeasedBlocks          uint64          `json:"leased_blocks"`
+}
+
+type namespaceJSON struct {
+	Tenant      string `json:"tenant"`
+	Namespace   string `json:"namespace"`
+	Blocks      uint64 `json:"blocks"`
+	StoredBytes uint64 `json:"stored_bytes"`
+}
+
+type tenantJSON struct {
+	Tenant              string `json:"tenant"`
+	Policy              string `json:"policy"`
+	QuotaBytes          int64  `json:"quota_bytes"`
+	StoredBytes         uint64 `json:"stored_bytes"`
+	Blocks              uint64 `json:"blocks"`
+	Hits                uint64 `json:"hits"`
+	Misses              uint64 `json:"misses"`
+	QuotaEvictions      uint64 `json:"quota_evictions"`
+	PressureEvictions   uint64 `json:"pressure_evictions"`
+	Expirations         uint64 `json:"expirations"`
+	Rejected            uint64 `json:"rejected"`
+	PolicyAppliedUnixMs int64  `json:"policy_applied_unix_ms"`
+}
+
+func tenantsJSON(ts []api.TenantStats) []tenantJSON {
+	out := []tenantJSON{}
+	for _, t := range ts {
+		j := tenantJSON{Tenant: t.Tenant, Policy: t.Policy, QuotaBytes: t.QuotaBytes, StoredBytes: t.StoredBytes, Blocks: t.Blocks,
+			Hits: t.Hits, Misses: t.Misses, QuotaEvictions: t.QuotaEvictions, PressureEvictions: t.PressureEvictions,
+			Expirations: t.Expirations, Rejected: t.Rejected}
+		if !t.PolicyApplied.IsZero() {
+			j.PolicyAppliedUnixMs = t.PolicyApplied.UnixMilli()
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func nodeStatsCmd(e *env) *cobra.Command {
+	var f clientFlags
+	c := &cobra.Command{
+		Use:   "stats",
+		Short: "Show a node's capacity, usage, allocator state and tenants",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
+				st, err := c.Stats(ctx)
+				if err != nil {
+					return err
+				}
+				if f.asJSON {
+					out := statsJSON{NodeID: st.NodeID, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes, FreeBytes: st.FreeBytes,
+						StoredBytes: st.StoredBytes, Blocks: st.Blocks, Reservations: st.Reservations, ReservedBytes: st.ReservedBytes,
+						PageBytes: st.PageBytes, LargestFreeBytes: st.LargestFreeBytes, ExternalFragmentation: st.ExternalFragmentation,
+						InternalFragmentation: st.InternalFragmentation, MemoryLocked: st.MemoryLocked, Namespaces: []namespaceJSON{},
+						Tenants: tenantsJSON(st.Tenants), LeasedBlocks: st.LeasedBlocks}
+					for _, ns := range st.Namespaces {
+						out.Namespaces = append(out.Namespaces, namespaceJSON(ns))
+					}
+					return printJSON(e.stdout, out)
+				}
+				printStats(e.stdout, &st)
+				return nil
+			})
+		},
+	}
+	f.register(c, false, 30*time.Second)
+	return c
+}
+
+func printStats(w io.Writer, st *api.NodeStats) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "node\t%s\n", st.NodeID)
+	fmt.Fprintf(tw, "capacity\t%s\n", humanBytes(st.CapacityBytes))
+	fmt.Fprintf(tw, "used\t%s (%.1f%%)\n", humanBytes(st.UsedBytes), 100*float64(st.UsedBytes)/float64(max(st.CapacityBytes, 1)))
+	fmt.Fprintf(tw, "stored\t%s in %d blocks\n", humanBytes(st.StoredBytes), st.Blocks)
+	fmt.Fprintf(tw, "reservations\t%d (%s)\n", st.Reservations, humanBytes(st.ReservedBytes))
+	fmt.Fprintf(tw, "page\t%s\n", humanBytes(st.PageBytes))
+	fmt.Fprintf(tw, "largest free run\t%s\n", humanBytes(st.LargestFreeBytes))
+	fmt.Fprintf(tw, "fragmentation\texternal %.3f, internal %.3f\n", st.ExternalFragmentation, st.InternalFragmentation)
+	fmt.Fprintf(tw, "memory locked\t%v\n", st.MemoryLocked)
+	tw.Flush()
+	if len(st.Namespaces) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TENANT\tNAMESPACE\tBLOCKS\tSTORED")
+		for _, ns := range st.Namespaces {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", ns.Tenant, ns.Namespace, ns.Blocks, humanBytes(ns.StoredBytes))
+		}
+		tw.Flush()
+	}
+	if len(st.Tenants) > 0 {
+		fmt.Fprintln(w)
+		printTenants(w, st.NodeID, st.Tenants)
+	}
+}
+
+// printTenants shows a node's per-tenant usage and what eviction did.
+func printTenants(w io.Writer, node string, ts []api.TenantStats) {
+	if len(ts) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "tenants on %s:\n", node)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tSTORED\tBLOCKS\tHITS\tMISSES\tEVICTED (quota/pressure/ttl)\tREJECTED")
+	for _, t := range ts {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d/%d\t%d\n", t.Tenant, t.Policy, quota(t.QuotaBytes), humanBytes(t.StoredBytes),
+			t.Blocks, t.Hits, t.Misses, t.QuotaEvictions, t.PressureEvictions, t.Expirations, t.Rejected)
+	}
+	tw.Flush()
+}
+
+func quota(q int64) string {
+	if q > 0 {
+		return humanBytes(uint64(q))
+	}
+	return "none"
+}
+
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func nodeBenchCmd(e *env) *cobra.Command {
+	cfg := bench.Config{Op: "get", BlockBytes: 2 << 20, Clients: 1, Duration: 5 * time.Second}
+	var blockBytes int64 = 2 << 20
+	var path string
+	var asJSON, quiet bool
+	var cpuProfile string
+	var remote bool
+	rc := bench.RemoteConfig{Transport: transfer.ProtocolTCP, Conns: 2, ChainBlocks: 16}
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure Get or Put throughput against the raw-TCP or memcpy baseline",
+		Long: `bench measures Get or Put throughput and latency of a node and, in the same run,
+the physical baseline it must be judged against:
+
+  --path data (default)  raw TCP streams of the same block size and connection
+                         count, in this process over loopback; with --server,
+                         the node's own source/sink frames over the real link
+  --path shm             single-threaded memcpy of the same size (per client);
+                         gets of blocks a client read before skip the node
+                         (--no-location-cache makes every get ask it)
+  --path grpc            as data
+
+With --remote, bench starts an embedded etcd and two nodes, stores blocks on
+one, and measures the other fetching them in chains (pin on the holder,
+one-sided reads into its arena, checksum, commit as a replica) against raw TCP
+with as many connections as the transport uses.
+
+Half of the baseline runs before the measured phase and half after, so drift
+on a noisy machine hits both. Without --server, bench starts a node in this
+process. Progress goes to stderr; the result to stdout (--json for machines).`,
+		Example: `  kvpool node bench --op get --block-size 2MiB --clients 4 --duration 10s --json
+  kvpool node bench --op get --path shm --block-size 2MiB --json
+  kvpool node bench --server 10.0.0.5:7070 --op put --clients 2
+  kvpool node bench --remote --transport tcp --conns 2 --block-size 2MiB --json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := api.ParsePath(path)
+			if err != nil {
+				return usage(err)
+			}
+			if !remote && cfg.Op != "get" && cfg.Op != "put" {
+				return usagef("--op %q: want get or put", cfg.Op)
+			}
+			if cfg.Clients < 1 || cfg.Duration <= 0 || cfg.Rounds < 1 {
+				return usagef("--clients and --rounds must be at least 1 and --duration positive")
+			}
+			if blockBytes <= 0 || blockBytes > 1<<32-1 {
+				return usagef("--block-size %d: want 1 byte to 4 GiB", blockBytes)
+			}
+			cfg.Path, cfg.BlockBytes = p, int(blockBytes)
+			if !quiet {
+				cfg.Progress = &bench.Progress{W: e.stderr, Terminal: isTerminal(e.stderr)}
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			var res *bench.Result
+			if remote {
+				res, err = benchRemote(cmd.Context(), cfg, rc)
+			} else {
+				res, err = bench.Run(cmd.Context(), cfg)
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(e.stdout, res)
+			}
+			fmt.Fprintf(e.stdout, "%s %s, %s blocks, %d clients, %s (%s)\n", res.Op, res.Path, formatSize(int64(res.BlockBytes)), res.Clients, time.Duration(res.DurationS*float64(time.Second)).Round(time.Millisecond), res.Server)
+			fmt.Fprintf(e.stdout, "  throughput  %.2f GB/s  (%.0f ops/s)\n", res.GBps, res.OpsPerS)
+			fmt.Fprintf(e.stdout, "  latency     p50 %.3f ms  p99 %.3f ms\n", res.P50Ms, res.P99Ms)
+			if res.Baseline != "" {
+				fmt.Fprintf(e.stdout, "  baseline    %.2f GB/s  %s\n", res.BaselineGBps, res.Baseline)
+				fmt.Fprintf(e.stdout, "  ratio       %.3f\n", res.RatioToBaseline)
+			}
+			for i, r := range res.Rounds {
+				fmt.Fprintf(e.stdout, "  round %d     %.2f GB/s, baseline %.2f GB/s, ratio %.3f\n", i+1, r.GBps, r.BaselineGBps, r.RatioToBaseline)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.Server, "server", "", "node address (host:port); empty starts a node in this process")
+	f.StringVar(&cfg.Op, "op", cfg.Op, "operation: get or put")
+	f.Var(sizeFlag{&blockBytes}, "block-size", "value size, e.g. 4KiB or 2MiB")
+	f.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, one connection each")
+	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase of each round (the baseline takes as long again)")
+	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat baseline-half, measure, baseline-half this many times; figures sum over all rounds")
+	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc")
+	f.Var(sizeFlag{&cfg.WorkingSetBytes}, "working-set", "distinct block data gets cycle through (default 128MiB)")
+	f.Var(sizeFlag{&cfg.CapacityBytes}, "capacity", "arena size of the in-process node (default 4GiB)")
+	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
+	f.BoolVar(&cfg.NoLocationCache, "no-location-cache", false, "shm: ask the node on every get instead of reading blocks read before straight from the segment")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")
+	f.Var(textV[transfer.Protocol]{&rc.Transport}, "transport", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")
+	f.IntVar(&rc.Conns, "conns", rc.Conns, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")
+	f.IntVar(&rc.ChainBlocks, "chain-blocks", rc.ChainBlocks, "with --remote: blocks per Fetch")
+	return c
+}
+
+// benchRemote runs the two-node benchmark on an embedded etcd of its own.
+func benchRemote(ctx context.Context, cfg bench.Config, rc bench.RemoteConfig) (*bench.Result, error) {
+	dir, err := os.MkdirTemp("", "kvpool-bench-etcd-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	e, err := embedded.Start(embedded.Config{Dir: dir, ClientURL: "http://127.0.0.1:0", Fast: true})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	rc.EtcdEndpoints = []string{e.ClientURL()}
+	return bench.RunRemote(ctx, cfg, rc)
+}
+
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

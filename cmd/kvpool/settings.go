@@ -1,0 +1,292 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvpool/kvpool/eviction"
+	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/transfer"
+	"github.com/kvpool/kvpool/transfer/cost"
+)
+
+// serveOptions are node serve's settings that are not the node's own:
+// how it logs and how it reaches etcd.
+type serveOptions struct {
+	logLevel, logFormat string
+	etcdEndpoints       []string
+	dataDir             string
+	embeddedEtcdListen  string
+	standalone          bool
+	profiles            []string
+	// From the config file only: inline model profiles and curves.
+	models []cost.Model
+	curves []cost.Curve
+}
+
+// setting is one knob of node serve: the flag --name, the config file's
+// key name_with_underscores, and the field it sets. Both the flags and the
+// file keys are derived from this table, so a new knob is one row here
+// (and its field, default and validation in its component's Config).
+type setting struct {
+	name  string
+	usage string
+	value func(c *pool.Config, o *serveOptions) pflag.Value
+}
+
+var settings = []setting{
+	{"node-id", "node id, [A-Za-z0-9._-]{1,64} (default: the host name)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.NodeID) }},
+	{"listen", "address for gRPC, the data channel and the tcp transport", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.ListenAddr) }},
+	{"metrics-listen", "address for /metrics, /healthz and /readyz; empty disables", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.MetricsAddr) }},
+	{"capacity", "shared-memory arena size, e.g. 8GiB (required)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.CapacityBytes} }},
+	{"page-size", "allocation granule, a power of two from 512 to 1MiB", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.PageBytes} }},
+	{"max-block-size", "largest accepted value (default 64MiB, at most the capacity)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.MaxBlockBytes} }},
+	{"lock-memory", "pre-fault and mlock the arena (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.LockMemory) }},
+	{"segment-path", "back the arena with a new file at this path under /dev/shm instead of a memfd", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.SegmentPath) }},
+	{"shm-socket", "unix socket for same-host clients (default $TMPDIR/kvpool-<node-id>.sock)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.ShmSocket) }},
+	{"no-shm", "do not offer the shared-memory path", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.DisableShm) }},
+	{"reservation-timeout", "reclaim reservations not committed within this time", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.ReservationTimeout) }},
+	{"io-timeout", "longest wait for the rest of a started frame or for a write", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.IOTimeout) }},
+	{"idle-timeout", "close data connections idle this long", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.IdleTimeout) }},
+	{"max-namespaces", "most distinct (tenant, namespace) pairs the node holds", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.MaxNamespaces) }},
+	{"etcd-endpoints", "comma-separated etcd client URLs of an existing cluster; empty starts an embedded etcd", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.etcdEndpoints) }},
+	{"data-dir", "embedded etcd's data directory (default $TMPDIR/kvpool-<node-id>/etcd)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.dataDir) }},
+	{"embedded-etcd-listen", "where the embedded etcd serves clients; other daemons join with --etcd-endpoints http://ADDR", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.embeddedEtcdListen) }},
+	{"standalone", "run without etcd or gossip: a single node that publishes nothing", func(_ *pool.Config, o *serveOptions) pflag.Value { return boolV(&o.standalone) }},
+	{"gossip-listen", "host:port for gossip, UDP and TCP (default: the --listen host, a free port; published in etcd)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.GossipAddr) }},
+	{"advertise", "address other nodes and clients reach this node at (default: the bound --listen address)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.AdvertiseAddr) }},
+	{"zone", "failure domain shown to operators, [A-Za-z0-9._-]; copies go to other zones first", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Zone) }},
+	{"lease-ttl", "etcd lease of the node's records: how long they outlive a crashed node", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.LeaseTTL) }},
+	{"transport", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)", func(c *pool.Config, _ *serveOptions) pflag.Value { return textV[transfer.Protocol]{&c.Transport} }},
+	{"transfer-conns", "tcp transport: connections per peer that one transfer is striped over", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.TransferConns) }},
+	{"fetch-timeout", "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.FetchTimeout) }},
+	{"link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)", func(c *pool.Config, _ *serveOptions) pflag.Value { return rateFlag{&c.Links.SeedBytesPerSecond} }},
+	{"default-policy", "eviction policy of tenants without a stored one: lru, lfu, fifo, ttl or prefix-lru", func(c *pool.Config, _ *serveOptions) pflag.Value { return kindFlag{&c.DefaultTenant.Policy} }},
+	{"high-watermark", "arena fraction past which the node evicts (over-quota tenants and tenants without a quota first)", func(c *pool.Config, _ *serveOptions) pflag.Value { return floatV(&c.HighWatermark) }},
+	{"low-watermark", "arena fraction the node evicts down to", func(c *pool.Config, _ *serveOptions) pflag.Value { return floatV(&c.LowWatermark) }},
+	{"disable-eviction", "never evict: puts fail with ResourceExhausted when a quota or the arena is full", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.DisableEviction) }},
+	{"lease-default", "read lease length when a caller asks for one without saying", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.LeaseDefault) }},
+	{"lease-max", "longest read lease a caller may take", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.LeaseMax) }},
+	{"model", "model profile plans assume when a request names none", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Model) }},
+	{"accelerator", "this node's engine hardware; picks its prefill curves and is published to the cluster", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Accelerator) }},
+	{"block-tokens", "tokens per chain key, for plans that do not say", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.BlockTokens) }},
+	{"profiles", "files of extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.profiles) }},
+	{"log-level", "debug, info, warn or error", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.logLevel) }},
+	{"log-format", "text or json", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.logFormat) }},
+}
+
+// serveDefaults are node serve's defaults: the node's own (pool), and
+// those of a daemon an operator runs by hand.
+func serveDefaults() (pool.Config, serveOptions) {
+	c := pool.DefaultConfig("", 0)
+	c.MetricsAddr = "127.0.0.1:7080"
+	return c, serveOptions{logLevel: "info", logFormat: "text", embeddedEtcdListen: "127.0.0.1:2379"}
+}
+
+// settingFlags registers every setting on fl, bound to c and o. Bad values
+// do not stop the parse: they are collected in errs, so every problem of
+// a command line is reported at once.
+func settingFlags(fl *pflag.FlagSet, c *pool.Config, o *serveOptions, errs *[]error) {
+	for _, s := range settings {
+		v := &lenient{inner: s.value(c, o), flag: s.name, errs: errs}
+		fl.Var(v, s.name, s.usage)
+		if v.Type() == "bool" {
+			fl.Lookup(s.name).NoOptDefVal = "true"
+		}
+	}
+}
+
+// fileKey is the config file's name for a setting.
+func fileKey(name string) string { return strings.ReplaceAll(name, "-", "_") }
+
+// applyFile sets, from the YAML (or JSON) file at path, every setting that
+// the command line left alone, and reports every problem at once: unknown
+// keys, values that do not parse.
+func applyFile(fl *pflag.FlagSet, path string, o *serveOptions) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(j, &doc); err != nil {
+		return fmt.Errorf("config %s: want a map of settings: %w", path, err)
+	}
+	var errs []error
+	for _, key := range slices.Sorted(maps.Keys(doc)) {
+		raw := doc[key]
+		switch key {
+		case "models":
+			errs = append(errs, jsonField(path, key, raw, &o.models))
+			continue
+		case "curves":
+			errs = append(errs, jsonField(path, key, raw, &o.curves))
+			continue
+		}
+		f := fl.Lookup(strings.ReplaceAll(key, "_", "-"))
+		var v *lenient
+		if f != nil {
+			v, _ = f.Value.(*lenient)
+		}
+		if v == nil || key != fileKey(f.Name) {
+			errs = append(errs, fmt.Errorf("config %s: unknown key %q", path, key))
+			continue
+		}
+		if f.Changed {
+			continue // the command line wins
+		}
+		text, err := scalarText(raw)
+		if err == nil {
+			err = v.inner.Set(text)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config %s: %s: %w", path, key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func jsonField(path, key string, raw json.RawMessage, v any) error {
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("config %s: %s: %w", path, key, err)
+	}
+	return nil
+}
+
+// scalarText is a YAML value as a flag would take it: a string as is, a
+// number or boolean as written, a list joined with commas.
+func scalarText(raw json.RawMessage) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) == nil {
+		parts := make([]string, len(list))
+		for i, r := range list {
+			p, err := scalarText(r)
+			if err != nil {
+				return "", err
+			}
+			parts[i] = p
+		}
+		return strings.Join(parts, ","), nil
+	}
+	var x any
+	if err := json.Unmarshal(raw, &x); err != nil {
+		return "", err
+	}
+	switch x.(type) {
+	case float64, bool:
+		return string(raw), nil
+	}
+	return "", fmt.Errorf("want a value, not %s", raw)
+}
+
+// lenient is a setting's flag value that records a bad value instead of
+// stopping the parse at it.
+type lenient struct {
+	inner pflag.Value
+	flag  string
+	errs  *[]error
+}
+
+func (l *lenient) String() string { return l.inner.String() }
+func (l *lenient) Type() string   { return l.inner.Type() }
+func (l *lenient) Set(s string) error {
+	if err := l.inner.Set(s); err != nil {
+		*l.errs = append(*l.errs, fmt.Errorf("--%s: %w", l.flag, err))
+	}
+	return nil
+}
+
+// Values of pflag's own types, bound to p.
+func stringV(p *string) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.StringVar(p, "v", *p, "") })
+}
+func boolV(p *bool) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.BoolVar(p, "v", *p, "") })
+}
+func intV(p *int) pflag.Value { return scratch(func(fs *pflag.FlagSet) { fs.IntVar(p, "v", *p, "") }) }
+func floatV(p *float64) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.Float64Var(p, "v", *p, "") })
+}
+func durationV(p *time.Duration) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.DurationVar(p, "v", *p, "") })
+}
+func listV(p *[]string) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.StringSliceVar(p, "v", *p, "") })
+}
+
+func scratch(define func(*pflag.FlagSet)) pflag.Value {
+	fs := pflag.NewFlagSet("", pflag.ContinueOnError)
+	define(fs)
+	return fs.Lookup("v").Value
+}
+
+// textV is a flag of a type that parses itself (encoding.TextUnmarshaler).
+type textV[T any] struct{ p *T }
+
+func (v textV[T]) String() string {
+	if s, ok := any(v.p).(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprint(*v.p)
+}
+
+func (v textV[T]) Set(s string) error {
+	u, ok := any(v.p).(interface{ UnmarshalText([]byte) error })
+	if !ok {
+		return fmt.Errorf("%T does not parse", *v.p)
+	}
+	return u.UnmarshalText([]byte(s))
+}
+
+func (v textV[T]) Type() string { return "string" }
+
+// kindFlag is an eviction policy.
+type kindFlag struct{ p *eviction.Kind }
+
+func (f kindFlag) String() string { return f.p.String() }
+func (f kindFlag) Type() string   { return "policy" }
+func (f kindFlag) Set(s string) error {
+	k, err := eviction.ParseKind(s)
+	if err != nil {
+		return err
+	}
+	*f.p = k
+	return nil
+}
+
+// rateFlag is a bandwidth in bytes per second, written as a size.
+type rateFlag struct{ p *float64 }
+
+func (f rateFlag) String() string {
+	if *f.p == 0 {
+		return "0"
+	}
+	return formatSize(int64(*f.p))
+}
+func (f rateFlag) Type() string { return "size" }
+func (f rateFlag) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*f.p = float64(n)
+	return nil
+}

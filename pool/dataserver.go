@@ -1,0 +1,395 @@
+package pool
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+)
+
+// The data channel's server: the framed protocol of api/wire on the
+// node's TCP port (after the preamble) and on the shm socket (after the
+// Hello). Errors reach the client as the status byte of a response,
+// mapped once through api.Code.
+//
+// Same-host clients connect to the node's unix socket, receive the
+// segment's file descriptor with the Hello, map it, and from then on move
+// block bytes themselves: only metadata (view, release, reserve, commit)
+// goes over the socket. The socket also serves the ordinary Get and Put
+// frames.
+//
+// Trust: a client that maps the segment can write anywhere in it, as with
+// any shared-memory cache (CUDA IPC, Mooncake, LMCache). The socket's file
+// permissions decide who may connect. What a session holds (pins and
+// reservations) is released when its connection closes, so a client that
+// dies leaks nothing.
+
+// dataStore is what the data channel needs of the store. *Store
+// implements it.
+type dataStore interface {
+	blockWriter
+	blockReader
+	ReleaseHandle(h uint64) error
+	RemoveForce(tenant, ns, key []byte, force bool) error
+	ValidateSize(size int64) error
+}
+
+// dataServer serves data connections.
+type dataServer struct {
+	store       dataStore
+	replicas    replicator
+	leases      leaseLimits
+	metrics     *metrics
+	log         *slog.Logger
+	ioTimeout   time.Duration
+	idleTimeout time.Duration
+	// hello is what a same-host client receives first: the Hello and the
+	// descriptors of the segment and of the version words.
+	hello func() ([]byte, []int)
+}
+
+// sourceBuf is what OpSource sends: the link baseline does not care about
+// the bytes, only that they are not copied from anywhere first.
+var sourceBuf = make([]byte, 4<<20)
+
+// dataConn is the server side of one data connection. sess holds the
+// pins and reservations the connection takes (view, reserve): a same-host
+// client's over the unix socket, a peer node's over TCP.
+type dataConn struct {
+	ctx  context.Context
+	s    *dataServer
+	c    net.Conn
+	br   *bufio.Reader
+	req  wire.Request
+	rbuf [wire.RequestBufferBytes]byte
+	hdr  []byte
+	sess *session
+	junk []byte // scratch for discarded bytes, allocated on first use
+}
+
+// session is what one connection holds: pins and reservations taken by a
+// same-host client over the unix socket, or by a peer node pulling or
+// pushing blocks over TCP.
+type session struct {
+	pins map[uint64]int          // pin handle -> times held
+	res  map[uint64]*Reservation // open reservations by handle
+}
+
+func newSession() *session {
+	return &session{pins: map[uint64]int{}, res: map[uint64]*Reservation{}}
+}
+
+// end releases everything the session holds.
+func (s *session) end(st dataStore) {
+	for h, k := range s.pins {
+		for range k {
+			st.ReleaseHandle(h)
+		}
+	}
+	for _, r := range s.res {
+		st.Abort(r)
+	}
+	s.pins, s.res = nil, nil
+}
+
+// serveShm greets a same-host client with the Hello and the segment's
+// descriptors, then serves its session.
+func (s *dataServer) serveShm(c *net.UnixConn) {
+	hello, fds := s.hello()
+	c.SetWriteDeadline(time.Now().Add(s.ioTimeout))
+	_, _, err := c.WriteMsgUnix(hello, unix.UnixRights(fds...), nil)
+	c.SetWriteDeadline(time.Time{})
+	if err != nil {
+		s.log.Warn("shm hello failed", "err", err)
+		return
+	}
+	s.serve(context.Background(), c, newSession())
+}
+
+// serve runs one data connection until the peer closes it, a frame is
+// malformed, or the node shuts down (which closes c).
+func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
+	d := &dataConn{ctx: ctx, s: s, c: c, br: bufio.NewReaderSize(c, 64<<10), hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
+	defer sess.end(s.store)
+	for ctx.Err() == nil {
+		c.SetReadDeadline(time.Now().Add(s.idleTimeout))
+		err := wire.ReadRequest(d.br, d.rbuf[:], &d.req)
+		if err != nil {
+			if errors.Is(err, wire.ErrProtocol) {
+				s.metrics.dataOp(wire.Op(0), codes.InvalidArgument)
+				d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
+				s.log.Warn("closing data connection after a malformed frame", "remote", remote(c), "err", err)
+			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+				s.log.Debug("data connection ended", "remote", remote(c), "err", err)
+			}
+			return
+		}
+		c.SetDeadline(time.Now().Add(s.ioTimeout))
+		if err := d.handle(); err != nil {
+			// The stream is out of step (bad trailer, short read, failed
+			// write): it cannot carry another frame.
+			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("closing data connection", "remote", remote(c), "op", d.req.Op.String(), "err", err)
+			}
+			return
+		}
+	}
+}
+
+func remote(c net.Conn) string {
+	if a := c.RemoteAddr(); a != nil && a.String() != "" {
+		return a.String()
+	}
+	return "unix"
+}
+
+// handle serves d.req. A returned error means the connection must close.
+func (d *dataConn) handle() error {
+	r, st := &d.req, d.s.store
+	switch r.Op {
+	case wire.OpGet:
+		return d.get()
+	case wire.OpPut:
+		return d.put()
+	case wire.OpRemove:
+		err := st.RemoveForce(r.Tenant, r.Namespace, r.Key, r.Flags&wire.FlagForce != 0)
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		return d.respond(err, &wire.Response{})
+	case wire.OpSource:
+		return d.source()
+	case wire.OpSink:
+		return d.sink()
+	case wire.OpView:
+		pin, err := d.acquire()
+		if err != nil {
+			return d.respondErr(err)
+		}
+		d.sess.pins[pin.Handle()]++
+		return d.respond(nil, &wire.Response{CRC: pin.CRC, ValueLen: uint64(len(pin.Mem)), Offset: uint64(pin.Offset), Handle: pin.Handle()})
+	case wire.OpRelease:
+		if d.sess.pins[r.Handle] == 0 {
+			d.s.metrics.dataOp(r.Op, codes.InvalidArgument)
+			return fmt.Errorf("release of pin %#x that this session does not hold", r.Handle)
+		}
+		if d.sess.pins[r.Handle]--; d.sess.pins[r.Handle] == 0 {
+			delete(d.sess.pins, r.Handle)
+		}
+		err := st.ReleaseHandle(r.Handle)
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		return err
+	case wire.OpReserve:
+		res, err := st.Reserve(r.Tenant, r.Namespace, r.Key, int64(min(r.ValueLen, 1<<62)), false)
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		if err != nil {
+			return d.respondErr(err)
+		}
+		d.sess.res[res.Handle()] = res
+		return d.respond(nil, &wire.Response{ValueLen: r.ValueLen, Offset: uint64(res.Offset()), Handle: res.Handle()})
+	case wire.OpCommit:
+		res, ok := d.sess.res[r.Handle]
+		if !ok {
+			d.s.metrics.dataOp(r.Op, codes.FailedPrecondition)
+			return d.respondErr(api.Errorf(api.ErrFailedPrecondition, "pool: no open reservation %d in this session", r.Handle))
+		}
+		delete(d.sess.res, r.Handle)
+		cr, err := st.Commit(res, 0, false, r.CRC, r.Flags&wire.FlagChecksum != 0)
+		if err == nil {
+			tenant, namespace, key := res.Name()
+			err = d.replicate([]byte(tenant), []byte(namespace), key)
+		}
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		return d.respond(err, committed(cr, uint64(res.Size())))
+	case wire.OpAbort:
+		if res, ok := d.sess.res[r.Handle]; ok {
+			delete(d.sess.res, r.Handle)
+			st.Abort(res)
+		}
+		d.s.metrics.dataOp(r.Op, codes.OK)
+		return nil
+	}
+	return fmt.Errorf("unhandled op %v", r.Op)
+}
+
+// committed is the response to a Put or Commit.
+func committed(cr CommitResult, size uint64) *wire.Response {
+	resp := &wire.Response{CRC: cr.CRC, ValueLen: size}
+	if cr.Existed {
+		resp.Flags = wire.FlagExisted
+	}
+	return resp
+}
+
+// acquire pins the requested block, taking the read lease it asks for,
+// and counts the op.
+func (d *dataConn) acquire() (Pin, error) {
+	r := &d.req
+	pin, err := d.s.store.Acquire(r.Tenant, r.Namespace, r.Key)
+	if err == nil && r.Flags&wire.FlagLease != 0 {
+		if l := d.s.leases.of(r.LeaseMs, true); l > 0 {
+			d.s.store.Lease(r.Tenant, r.Namespace, [][]byte{r.Key}, l)
+		}
+	}
+	d.s.metrics.dataOp(r.Op, api.Code(err))
+	return pin, err
+}
+
+// replicate places the copies of the block a Put or Commit asks for.
+func (d *dataConn) replicate(tenant, namespace, key []byte) error {
+	if d.req.Replicas <= 1 {
+		return nil
+	}
+	// Placing copies can take a while; the connection's I/O deadline
+	// must not cut the response short.
+	d.c.SetDeadline(time.Time{})
+	_, err := d.s.replicas.Replicate(d.ctx, tenant, namespace, key, int(d.req.Replicas))
+	return err
+}
+
+func (d *dataConn) respond(err error, resp *wire.Response) error {
+	if err != nil {
+		return d.respondErr(err)
+	}
+	d.hdr = wire.AppendResponse(d.hdr[:0], resp)
+	_, werr := d.c.Write(d.hdr)
+	return werr
+}
+
+func (d *dataConn) respondErr(err error) error {
+	return d.respondErrFlags(err, 0)
+}
+
+// respondClose reports err and tells the client the connection ends here.
+func (d *dataConn) respondClose(err error) {
+	d.respondErrFlags(err, wire.FlagClose)
+}
+
+func (d *dataConn) respondErrFlags(err error, flags uint8) error {
+	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{Status: uint8(api.Code(err)), Flags: flags, Message: err.Error()})
+	_, werr := d.c.Write(d.hdr)
+	return werr
+}
+
+// discard reads and drops n bytes in large reads.
+func (d *dataConn) discard(n uint64) error {
+	if d.junk == nil {
+		d.junk = make([]byte, 256<<10)
+	}
+	for n > 0 {
+		k, err := d.br.Read(d.junk[:min(n, uint64(len(d.junk)))])
+		n -= uint64(k)
+		if err != nil {
+			if err == io.EOF && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			if n > 0 {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *dataConn) get() error {
+	pin, err := d.acquire()
+	if err != nil {
+		return d.respondErr(err)
+	}
+	defer d.s.store.Release(pin)
+	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{CRC: pin.CRC, ValueLen: uint64(len(pin.Mem))})
+	// One writev: header and value straight from the arena.
+	bufs := net.Buffers{d.hdr, pin.Mem}
+	_, err = bufs.WriteTo(d.c)
+	d.s.metrics.bytesSent.Add(float64(len(pin.Mem)))
+	return err
+}
+
+// put reads a value into a reservation, checksumming each chunk while it is
+// still in cache, checks the trailer and commits.
+func (d *dataConn) put() error {
+	r, st := &d.req, d.s.store
+	size := r.ValueLen
+	if err := st.ValidateSize(int64(min(size, 1<<62))); err != nil {
+		// A size we refuse: we cannot skip a body we will not read.
+		d.s.metrics.dataOp(wire.OpPut, codes.InvalidArgument)
+		d.respondClose(err)
+		return fmt.Errorf("refused a %d-byte put: %w", size, err)
+	}
+	res, err := st.Reserve(r.Tenant, r.Namespace, r.Key, int64(size), true)
+	if err != nil {
+		// Keep the stream in step: read and drop the value and trailer.
+		if derr := d.discard(size + wire.TrailerBytes); derr != nil {
+			return derr
+		}
+		d.s.metrics.dataOp(wire.OpPut, api.Code(err))
+		return d.respondErr(err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			st.Abort(res)
+		}
+	}()
+	crc, err := api.ReadChecksummed(d.br, res.Bytes())
+	if err != nil {
+		d.s.metrics.dataOp(wire.OpPut, codes.Canceled)
+		return fmt.Errorf("value ended early: %w", err)
+	}
+	d.s.metrics.bytesReceived.Add(float64(size))
+	var t [wire.TrailerBytes]byte
+	if _, err := io.ReadFull(d.br, t[:]); err != nil {
+		return fmt.Errorf("trailer: %w", err)
+	}
+	want, err := wire.DecodeTrailer(t[:])
+	if err != nil {
+		d.s.metrics.dataOp(wire.OpPut, codes.InvalidArgument)
+		d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
+		return err
+	}
+	done = true
+	cr, err := st.Commit(res, crc, true, want, r.Flags&wire.FlagChecksum != 0)
+	if err == nil {
+		err = d.replicate(r.Tenant, r.Namespace, r.Key)
+	}
+	d.s.metrics.dataOp(wire.OpPut, api.Code(err))
+	return d.respond(err, committed(cr, 0))
+}
+
+func (d *dataConn) source() error {
+	size := d.req.ValueLen
+	if size > 1<<40 {
+		d.respondClose(api.Errorf(api.ErrInvalidArgument, "pool: source of %d bytes", size))
+		return errors.New("oversized source")
+	}
+	d.s.metrics.dataOp(wire.OpSource, codes.OK)
+	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: size})
+	if _, err := d.c.Write(d.hdr); err != nil {
+		return err
+	}
+	for size > 0 {
+		k := min(size, uint64(len(sourceBuf)))
+		if _, err := d.c.Write(sourceBuf[:k]); err != nil {
+			return err
+		}
+		size -= k
+	}
+	return nil
+}
+
+func (d *dataConn) sink() error {
+	if err := d.discard(d.req.ValueLen); err != nil {
+		return err
+	}
+	d.s.metrics.dataOp(wire.OpSink, codes.OK)
+	return d.respond(nil, &wire.Response{})
+}

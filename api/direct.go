@@ -94,24 +94,19 @@ func (c *Client) GetDirect(ctx context.Context, tenant, namespace string, keys [
 			}
 			return got
 		}
-		var next sync.Mutex
-		k := 0
+		work := make(chan int, len(items))
+		for j := range items {
+			work <- j
+		}
+		close(work)
 		var unreachable atomic.Bool
 		var wg sync.WaitGroup
 		for range min(directWorkers, len(items)) {
 			wg.Go(func() {
-				for {
-					next.Lock()
-					j := k
-					k++
-					next.Unlock()
-					if j >= len(items) {
-						return
-					}
+				for j := range work {
 					i := items[j]
 					v, err := hc.GetValue(ctx, BlockKey{Tenant: tenant, Namespace: namespace, Key: keys[i]})
-					out[i] = DirectResult{Value: v, Source: h.NodeID}
-					got[j] = err
+					out[i], got[j] = DirectResult{Value: v, Source: h.NodeID}, err
 					if Code(err) == codes.Unavailable {
 						unreachable.Store(true)
 					}
@@ -158,62 +153,41 @@ func (c *Client) holderClient(ctx context.Context, h Holder) (*Client, error) {
 }
 
 // holderClients are the clients of other nodes GetDirect reads from, by
-// address. Safe for concurrent use.
-type holderClients struct {
-	mu sync.Mutex
-	m  map[string]*Client
-}
+// address (a sync.Map of *Client). Safe for concurrent use.
+type holderClients struct{ m sync.Map }
 
-// get returns the client for addr, dialing one with dial (outside the
-// lock) when there is none.
+// get returns the client for addr, dialing one with dial when there is
+// none.
 func (hc *holderClients) get(addr string, dial func() (*Client, error)) (*Client, error) {
-	hc.mu.Lock()
-	if c, ok := hc.m[addr]; ok {
-		hc.mu.Unlock()
-		return c, nil
+	if c, ok := hc.m.Load(addr); ok {
+		return c.(*Client), nil
 	}
-	hc.mu.Unlock()
 	c, err := dial()
 	if err != nil {
 		return nil, err
 	}
-	hc.mu.Lock()
-	defer hc.mu.Unlock()
-	if old, ok := hc.m[addr]; ok {
+	if old, loaded := hc.m.LoadOrStore(addr, c); loaded {
 		c.Close()
-		return old, nil
+		return old.(*Client), nil
 	}
-	if hc.m == nil {
-		hc.m = map[string]*Client{}
-	}
-	hc.m[addr] = c
 	return c, nil
 }
 
 // drop forgets and closes a holder's client after it failed, so the next
-// call dials afresh.
+// call dials afresh; a client another call dropped already is left alone.
 func (hc *holderClients) drop(addr string, c *Client) {
-	hc.mu.Lock()
-	if hc.m[addr] == c {
-		delete(hc.m, addr)
-	} else {
-		c = nil // another call dropped (and closed) it already
-	}
-	hc.mu.Unlock()
-	if c != nil {
+	if hc.m.CompareAndDelete(addr, c) {
 		c.Close()
 	}
 }
 
 // closeAll closes every holder client.
 func (hc *holderClients) closeAll() error {
-	hc.mu.Lock()
-	m := hc.m
-	hc.m = nil
-	hc.mu.Unlock()
 	var errs []error
-	for _, c := range m {
-		errs = append(errs, c.Close())
-	}
+	hc.m.Range(func(addr, c any) bool {
+		hc.m.Delete(addr)
+		errs = append(errs, c.(*Client).Close())
+		return true
+	})
 	return errors.Join(errs...)
 }

@@ -102,31 +102,18 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 	return s, nil
 }
 
-// readHello receives the node's Hello and the segment's descriptor, and
-// maps the segment.
+// readHello receives the node's Hello and the segment's descriptors, and
+// maps the segment and its version words.
 func readHello(uc *net.UnixConn, wantNode string) (*shmPath, error) {
-	buf := make([]byte, 512)
-	oob := make([]byte, unix.CmsgSpace(8))
-	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	var h wire.Hello
+	fds, err := wire.ReceiveHello(uc, &h, 2)
 	if err != nil {
 		return nil, fmt.Errorf("%w: client: shm hello: %v", ErrUnavailable, err)
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return nil, fmt.Errorf("%w: client: shm hello carried no descriptor", ErrUnavailable)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
 	for _, fd := range fds {
 		defer unix.Close(fd) // the mappings outlive the descriptors
 	}
-	if err != nil || len(fds) != 2 {
-		return nil, fmt.Errorf("%w: client: shm hello carried %d descriptors, want 2", ErrUnavailable, len(fds))
-	}
 	fd, verFD := fds[0], fds[1]
-	var h wire.Hello
-	if err := wire.DecodeHello(buf[:n], &h); err != nil {
-		return nil, fmt.Errorf("%w: client: %v", ErrUnavailable, err)
-	}
 	if h.NodeID != wantNode {
 		return nil, fmt.Errorf("%w: client: shm socket belongs to node %q, not %q", ErrUnavailable, h.NodeID, wantNode)
 	}

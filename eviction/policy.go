@@ -96,6 +96,18 @@ func ParseKind(s string) (Kind, error) {
 	return 0, fmt.Errorf("eviction: unknown policy %q (valid: %s)", s, strings.Join(names, ", "))
 }
 
+// MarshalText writes k by name, so a Kind can be a flag or a config value.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText parses a name as ParseKind does.
+func (k *Kind) UnmarshalText(b []byte) error {
+	v, err := ParseKind(string(b))
+	if err == nil {
+		*k = v
+	}
+	return err
+}
+
 // DefaultCounters is the default of Config.Counters.
 const DefaultCounters = 4096
 

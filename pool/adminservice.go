@@ -13,6 +13,7 @@ import (
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/eviction"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -51,7 +52,7 @@ type adminService struct {
 	transport string
 	cluster   adminView // nil: standalone
 	links     linkEstimates
-	tenants   interface{ TenantStats() []TenantStats }
+	tenants   interface{ TenantStats() []store.TenantStats }
 	policies  policyStore
 	now       func() time.Time
 }

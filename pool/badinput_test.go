@@ -56,7 +56,7 @@ func intact(t *testing.T, n *Node, c *api.Client, s sentinel) {
 		t.Fatal(err)
 	}
 	eventually.True(t, "open reservations to drain", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
-	if err := n.Store().checkConsistency(); err != nil {
+	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -433,7 +433,7 @@ func TestCapacityExhausted(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := n.Store().checkConsistency(); err != nil {
+			if err := n.Store().Check(); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
-	"github.com/kvpool/kvpool/eviction"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
 )
@@ -45,50 +44,6 @@ type Config struct {
 	Gatherer prometheus.Gatherer
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-}
-
-// StoreConfig configures the arena and the block store over it.
-type StoreConfig struct {
-	// CapacityBytes is the size of the shared-memory arena in bytes.
-	// Required; a multiple of PageBytes.
-	CapacityBytes int64
-	// PageBytes is the allocation granule in bytes: a power of two from
-	// 512 B to 1 MiB. Every value occupies whole pages. Default 4 KiB.
-	PageBytes int64
-	// MaxBlockBytes is the largest value accepted, in bytes. Default
-	// 64 MiB or CapacityBytes, whichever is smaller; at most 4 GiB - 1.
-	MaxBlockBytes int64
-	// LockMemory pre-faults the arena and locks it in RAM (mlock), so block
-	// bytes are never swapped and engines can register them as pinned
-	// memory. Needs CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK.
-	LockMemory bool
-	// SegmentPath, when set, backs the arena with a new file at this path
-	// (under /dev/shm) instead of an anonymous memfd, so other processes
-	// can map it by name. The file is removed on Close.
-	SegmentPath string
-	// ReservationTimeout is how long a reservation may stay uncommitted
-	// before it is reclaimed. Default 30 s.
-	ReservationTimeout time.Duration
-	// MaxNamespaces bounds distinct (tenant, namespace) pairs. Default 4096.
-	MaxNamespaces int
-	// DefaultTenant is how the blocks of tenants without a stored policy
-	// are kept (policies live in etcd, set with `kvpool policy set`).
-	// Default: LRU, no quota.
-	DefaultTenant eviction.TenantConfig
-	// HighWatermark and LowWatermark are fractions of the arena: once a
-	// reservation would take it past High, the node evicts down to Low,
-	// from tenants over their quota and tenants without one (the largest
-	// first), never a tenant below its quota, a leased block or space
-	// reserved for a put. Defaults 0.95 and 0.90.
-	HighWatermark, LowWatermark float64
-	// DisableEviction turns automatic eviction off: a put that finds its
-	// tenant at quota or the arena full fails with ResourceExhausted and
-	// the caller decides what to remove (TTLs still expire blocks).
-	DisableEviction bool
-	// LeaseDefault is a read lease's length when a caller asks for one
-	// without saying (the CLI and client default); LeaseMax caps what a
-	// caller may ask. Defaults 10 s and 60 s.
-	LeaseDefault, LeaseMax time.Duration
 }
 
 // ServerConfig configures the node's doors: the TCP port shared by gRPC,
@@ -186,10 +141,10 @@ type PlanConfig struct {
 	Profiles *cost.Profiles
 }
 
-const (
-	defaultListenAddr = "127.0.0.1:7070"
-	maxValueBytes     = 1<<32 - 1
-)
+// StoreConfig configures the arena and the block store over it.
+type StoreConfig = store.Config
+
+const defaultListenAddr = "127.0.0.1:7070"
 
 // DefaultConfig returns a Config for a node with the given id and capacity
 // and every other field at its default.
@@ -214,7 +169,7 @@ func TestConfig(nodeID string, capacityBytes int64) Config {
 }
 
 func (c *Config) fillDefaults() {
-	c.StoreConfig.fill()
+	c.StoreConfig = c.StoreConfig.WithDefaults()
 	c.ServerConfig.fill(c.NodeID)
 	c.ClusterConfig.fill()
 	c.TransferConfig.fill()
@@ -238,31 +193,6 @@ func (c *Config) fillDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-}
-
-func (c *StoreConfig) fill() {
-	if c.PageBytes == 0 {
-		c.PageBytes = 4 << 10
-	}
-	if c.MaxBlockBytes == 0 {
-		c.MaxBlockBytes = min(64<<20, c.CapacityBytes)
-	}
-	if c.ReservationTimeout == 0 {
-		c.ReservationTimeout = 30 * time.Second
-	}
-	if c.MaxNamespaces == 0 {
-		c.MaxNamespaces = 4096
-	}
-	c.DefaultTenant = c.DefaultTenant.WithDefaults()
-	if c.HighWatermark == 0 && c.LowWatermark == 0 {
-		c.HighWatermark, c.LowWatermark = 0.95, 0.90
-	}
-	if c.LeaseDefault == 0 {
-		c.LeaseDefault = 10 * time.Second
-	}
-	if c.LeaseMax == 0 {
-		c.LeaseMax = 60 * time.Second
 	}
 }
 
@@ -337,7 +267,7 @@ func (c *Config) validate() error {
 	if err := api.ValidateName("node id", c.NodeID); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, c.StoreConfig.validate()...)
+	errs = append(errs, c.StoreConfig.Validate())
 	errs = append(errs, c.ServerConfig.validate()...)
 	if c.Etcd != nil {
 		errs = append(errs, c.ClusterConfig.validate()...)
@@ -347,55 +277,16 @@ func (c *Config) validate() error {
 	if c.Transport == transfer.ProtocolSHM && c.DisableShm {
 		errs = append(errs, errors.New("transport shm needs shared memory, which is disabled"))
 	}
-	if len(errs) == 0 {
-		return nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("pool: invalid config: %w", err)
 	}
-	return fmt.Errorf("pool: invalid config: %w", errors.Join(errs...))
+	return nil
 }
 
 // problems collects a component's configuration errors.
 type problems []error
 
 func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
-
-func (c *StoreConfig) validate() []error {
-	var p problems
-	if c.PageBytes < 512 || c.PageBytes > 1<<20 || bits.OnesCount64(uint64(c.PageBytes)) != 1 {
-		p.add("page size %d bytes: want a power of two from 512 B to 1 MiB", c.PageBytes)
-	}
-	switch {
-	case c.CapacityBytes <= 0:
-		p.add("capacity %d bytes: want a positive size such as 1GiB", c.CapacityBytes)
-	case c.PageBytes > 0 && c.CapacityBytes%c.PageBytes != 0:
-		p.add("capacity %d bytes is not a multiple of the %d-byte page", c.CapacityBytes, c.PageBytes)
-	case c.PageBytes > 0 && c.CapacityBytes/c.PageBytes > maxPages:
-		p.add("capacity %d bytes is more than %d pages of %d bytes; raise the page size", c.CapacityBytes, int64(maxPages), c.PageBytes)
-	}
-	switch {
-	case c.MaxBlockBytes <= 0:
-		p.add("max block size %d bytes: want a positive size", c.MaxBlockBytes)
-	case c.MaxBlockBytes > maxValueBytes:
-		p.add("max block size %d bytes exceeds the limit of %d", c.MaxBlockBytes, int64(maxValueBytes))
-	case c.CapacityBytes > 0 && c.MaxBlockBytes > c.CapacityBytes:
-		p.add("max block size %d bytes exceeds the capacity of %d bytes", c.MaxBlockBytes, c.CapacityBytes)
-	}
-	if c.ReservationTimeout < 0 {
-		p.add("reservation timeout %v must not be negative", c.ReservationTimeout)
-	}
-	if c.MaxNamespaces < 1 {
-		p.add("max namespaces %d: want at least 1", c.MaxNamespaces)
-	}
-	if err := c.DefaultTenant.Validate(); err != nil {
-		p = append(p, err)
-	}
-	if !(c.LowWatermark > 0 && c.LowWatermark <= c.HighWatermark && c.HighWatermark <= 1) {
-		p.add("watermarks: want 0 < low (%v) ≤ high (%v) ≤ 1", c.LowWatermark, c.HighWatermark)
-	}
-	if c.LeaseDefault < 0 || c.LeaseMax < c.LeaseDefault {
-		p.add("leases: want 0 ≤ default (%v) ≤ max (%v)", c.LeaseDefault, c.LeaseMax)
-	}
-	return p
-}
 
 func (c *ServerConfig) validate() []error {
 	var p problems

@@ -11,11 +11,11 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/pool/store"
 )
 
 // The data channel's server: the framed protocol of api/wire on the
@@ -35,7 +35,7 @@ import (
 // reservations) is released when its connection closes, so a client that
 // dies leaks nothing.
 
-// dataStore is what the data channel needs of the store. *Store
+// dataStore is what the data channel needs of the store. *store.Store
 // implements it.
 type dataStore interface {
 	blockWriter
@@ -56,7 +56,7 @@ type dataServer struct {
 	idleTimeout time.Duration
 	// hello is what a same-host client receives first: the Hello and the
 	// descriptors of the segment and of the version words.
-	hello func() ([]byte, []int)
+	hello func() (*wire.Hello, []int)
 }
 
 // sourceBuf is what OpSource sends: the link baseline does not care about
@@ -82,12 +82,12 @@ type dataConn struct {
 // same-host client over the unix socket, or by a peer node pulling or
 // pushing blocks over TCP.
 type session struct {
-	pins map[uint64]int          // pin handle -> times held
-	res  map[uint64]*Reservation // open reservations by handle
+	pins map[uint64]int                // pin handle -> times held
+	res  map[uint64]*store.Reservation // open reservations by handle
 }
 
 func newSession() *session {
-	return &session{pins: map[uint64]int{}, res: map[uint64]*Reservation{}}
+	return &session{pins: map[uint64]int{}, res: map[uint64]*store.Reservation{}}
 }
 
 // end releases everything the session holds.
@@ -108,7 +108,7 @@ func (s *session) end(st dataStore) {
 func (s *dataServer) serveShm(c *net.UnixConn) {
 	hello, fds := s.hello()
 	c.SetWriteDeadline(time.Now().Add(s.ioTimeout))
-	_, _, err := c.WriteMsgUnix(hello, unix.UnixRights(fds...), nil)
+	err := wire.SendHello(c, hello, fds...)
 	c.SetWriteDeadline(time.Time{})
 	if err != nil {
 		s.log.Warn("shm hello failed", "err", err)
@@ -222,7 +222,7 @@ func (d *dataConn) handle() error {
 }
 
 // committed is the response to a Put or Commit.
-func committed(cr CommitResult, size uint64) *wire.Response {
+func committed(cr store.CommitResult, size uint64) *wire.Response {
 	resp := &wire.Response{CRC: cr.CRC, ValueLen: size}
 	if cr.Existed {
 		resp.Flags = wire.FlagExisted
@@ -232,7 +232,7 @@ func committed(cr CommitResult, size uint64) *wire.Response {
 
 // acquire pins the requested block, taking the read lease it asks for,
 // and counts the op.
-func (d *dataConn) acquire() (Pin, error) {
+func (d *dataConn) acquire() (store.Pin, error) {
 	r := &d.req
 	pin, err := d.s.store.Acquire(r.Tenant, r.Namespace, r.Key)
 	if err == nil && r.Flags&wire.FlagLease != 0 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer/cost"
 )
 
@@ -16,7 +17,7 @@ import (
 type engineLoad struct {
 	profiles *cost.Profiles
 	now      func() time.Time
-	store    interface{ Stats() StoreStats }
+	store    interface{ Stats() store.Stats }
 	// refresh, when set, gossips a new report at once.
 	refresh func()
 

@@ -14,9 +14,10 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/eviction"
+	"github.com/kvpool/kvpool/pool/store"
 )
 
-func tenantStats(t *testing.T, n *Node, tenant string) TenantStats {
+func tenantStats(t *testing.T, n *Node, tenant string) store.TenantStats {
 	t.Helper()
 	for _, ts := range n.Store().TenantStats() {
 		if ts.Tenant == tenant {
@@ -24,7 +25,7 @@ func tenantStats(t *testing.T, n *Node, tenant string) TenantStats {
 		}
 	}
 	t.Fatalf("no tenant %s", tenant)
-	return TenantStats{}
+	return store.TenantStats{}
 }
 
 // 16 goroutines put into one tenant with a 1 MiB quota: its stored bytes
@@ -75,7 +76,7 @@ func TestQuotaUnderConcurrentPuts(t *testing.T) {
 		t.Fatalf("%d quota evictions, %d failed puts: %+v", s.QuotaEvictions, failed.Load(), s)
 	}
 	t.Logf("640 puts of 64 KiB into a 1 MiB quota: at most %d bytes stored, %d quota evictions", maxSeen.Load(), s.QuotaEvictions)
-	if err := n.Store().checkConsistency(); err != nil {
+	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -125,7 +126,7 @@ func TestPressureSparesTenantsWithinQuota(t *testing.T) {
 	if b := tenantStats(t, n, "b"); b.StoredBytes > 1<<20 || b.QuotaEvictions != 8 {
 		t.Fatalf("after lowering b's quota: %+v", b)
 	}
-	if err := n.Store().checkConsistency(); err != nil {
+	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -186,7 +187,7 @@ func TestLeaseSurvivesEvictionStorm(t *testing.T) {
 	if got := n.Store().LeasedBlocks(until.Add(time.Second)); got != 0 {
 		t.Fatalf("%d leases left after they ended", got)
 	}
-	if err := n.Store().checkConsistency(); err != nil {
+	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -276,7 +277,7 @@ func TestPolicyChangeAndStats(t *testing.T) {
 			t.Errorf("no metric %s", name)
 		}
 	}
-	if err := n.Store().checkConsistency(); err != nil {
+	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
 }

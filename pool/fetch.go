@@ -15,6 +15,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -31,7 +32,7 @@ const (
 )
 
 // fetchStore is what moving blocks between nodes needs of the store.
-// *Store implements it.
+// *store.Store implements it.
 type fetchStore interface {
 	blockWriter
 	blockReader
@@ -182,7 +183,7 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	defer releaseOn(pc, pins)
 	// Reserve local space and read the bytes into it.
 	ops := make([]transfer.Op, 0, len(items))
-	res := make([]*Reservation, len(items))
+	res := make([]*store.Reservation, len(items))
 	opOf := make([]int, len(items))
 	for k, p := range pins {
 		opOf[k] = -1
@@ -323,12 +324,12 @@ func validateChain(tenant, namespace string, keys [][]byte) error {
 		return api.Errorf(api.ErrInvalidArgument, "pool: chain of %d keys; at most 65536", len(keys))
 	}
 	for _, k := range keys {
-		if err := validateKey([]byte(tenant), []byte(namespace), k); err != nil {
+		if err := api.ValidateKeyBytes([]byte(tenant), []byte(namespace), k); err != nil {
 			return err
 		}
 	}
 	if len(keys) == 0 {
-		return validateKey([]byte(tenant), []byte(namespace), []byte("x"))
+		return api.ValidateKeyBytes([]byte(tenant), []byte(namespace), []byte("x"))
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ func FuzzDataChannel(f *testing.F) {
 		if st := n.Store().Stats(); st.Reservations != 0 {
 			t.Fatalf("%d reservations left open", st.Reservations)
 		}
-		if err := n.Store().checkConsistency(); err != nil {
+		if err := n.Store().Check(); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer/cost"
 )
 
@@ -21,23 +22,23 @@ const MaxBatchBytes = 64 << 20
 // through api.ToStatus.
 
 // blockWriter stores blocks: two-phase (Reserve, then Commit or Abort) or
-// in one step. *Store implements it.
+// in one step. *store.Store implements it.
 type blockWriter interface {
-	Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*Reservation, error)
-	Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, haveWant bool) (CommitResult, error)
-	Abort(r *Reservation)
-	PutBytes(tenant, ns, key, value []byte, want uint32, haveWant bool) (CommitResult, error)
+	Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*store.Reservation, error)
+	Commit(r *store.Reservation, crc uint32, haveCRC bool, want uint32, haveWant bool) (store.CommitResult, error)
+	Abort(r *store.Reservation)
+	PutBytes(tenant, ns, key, value []byte, want uint32, haveWant bool) (store.CommitResult, error)
 }
 
-// blockReader pins blocks for reading and leases them. *Store implements
+// blockReader pins blocks for reading and leases them. *store.Store implements
 // it.
 type blockReader interface {
-	Acquire(tenant, ns, key []byte) (Pin, error)
-	Release(p Pin)
+	Acquire(tenant, ns, key []byte) (store.Pin, error)
+	Release(p store.Pin)
 	Lease(tenant, ns []byte, keys [][]byte, d time.Duration) (int, time.Time, error)
 }
 
-// blockIndex answers what the node holds and removes blocks. *Store
+// blockIndex answers what the node holds and removes blocks. *store.Store
 // implements it.
 type blockIndex interface {
 	Exists(tenant, ns []byte, keys [][]byte) ([]bool, error)
@@ -45,10 +46,10 @@ type blockIndex interface {
 	RemoveForce(tenant, ns, key []byte, force bool) error
 }
 
-// usageReporter reports the store's usage. *Store implements it.
+// usageReporter reports the store's usage. *store.Store implements it.
 type usageReporter interface {
-	Stats() StoreStats
-	TenantStats() []TenantStats
+	Stats() store.Stats
+	TenantStats() []store.TenantStats
 	LeasedBlocks(now time.Time) int
 }
 
@@ -367,7 +368,7 @@ func (s *kvService) Stats(context.Context, *kvpoolv1.StatsRequest) (*kvpoolv1.St
 	return out, nil
 }
 
-func tenantStatsProto(ts []TenantStats) []*kvpoolv1.TenantStats {
+func tenantStatsProto(ts []store.TenantStats) []*kvpoolv1.TenantStats {
 	var out []*kvpoolv1.TenantStats
 	for _, t := range ts {
 		p := &kvpoolv1.TenantStats{

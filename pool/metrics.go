@@ -13,6 +13,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -29,7 +30,7 @@ type metrics struct {
 	badPolicies   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, st *Store) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_requests_total",
@@ -107,7 +108,7 @@ func (m *metrics) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.St
 }
 
 // storeCollector reports the store's usage when scraped.
-type storeCollector struct{ s *Store }
+type storeCollector struct{ s *store.Store }
 
 var (
 	descCapacity  = prometheus.NewDesc("kvpool_pool_capacity_bytes", "Size of the shared-memory arena.", nil, nil)

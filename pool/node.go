@@ -20,6 +20,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -42,7 +43,7 @@ type Node struct {
 	log      *slog.Logger // scoped with the node's id; components add their name
 	seg      *segment
 	versions *segment // see Store.versions; nil without shared memory
-	store    *Store
+	store    *store.Store
 	metrics  *metrics
 	hostID   string
 	cluster  *cluster // nil for a standalone node
@@ -93,7 +94,7 @@ func New(cfg Config) (*Node, error) {
 		}
 		words = n.versions.words()[:pages]
 	}
-	n.store = newStore(&n.cfg.StoreConfig, cfg.Now, seg, words)
+	n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
 	n.doors.ioTimeout, n.doors.log = cfg.IOTimeout, n.log
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
@@ -137,7 +138,7 @@ func New(cfg Config) (*Node, error) {
 		if n.cluster, err = newCluster(n, log); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
-		n.store.sink = n.cluster.member
+		n.store.SetSink(n.cluster.member)
 		n.engine.refresh = n.cluster.gossip.Refresh
 		if err := cfg.Registerer.Register(&clusterCollector{n.cluster}); err != nil {
 			return nil, errors.Join(err, n.Close())
@@ -204,10 +205,9 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 
 // hello is what a same-host client receives on the shm socket: the Hello,
 // and the descriptors of the segment and of the version words.
-func (n *Node) hello() ([]byte, []int) {
-	h := wire.AppendHello(nil, &wire.Hello{SegmentBytes: uint64(len(n.seg.mem)), PageBytes: uint32(n.cfg.PageBytes),
-		VersionWords: uint64(len(n.store.versions)), NodeID: n.cfg.NodeID})
-	return h, []int{int(n.seg.file.Fd()), int(n.versions.file.Fd())}
+func (n *Node) hello() (*wire.Hello, []int) {
+	return &wire.Hello{SegmentBytes: uint64(len(n.seg.mem)), PageBytes: uint32(n.cfg.PageBytes),
+		VersionWords: uint64(n.store.VersionWords()), NodeID: n.cfg.NodeID}, []int{int(n.seg.file.Fd()), int(n.versions.file.Fd())}
 }
 
 // advertised is the address others reach this node's gRPC service and
@@ -239,7 +239,7 @@ func (n *Node) ShmSocket() string {
 }
 
 // Store returns the node's block store.
-func (n *Node) Store() *Store { return n.store }
+func (n *Node) Store() *store.Store { return n.store }
 
 // Links returns the node's per-link estimates.
 func (n *Node) Links() *transfer.Links { return n.links }

@@ -45,7 +45,7 @@ func startNode(t testing.TB, mutate ...func(*Config)) *Node {
 		if err := <-done; err != nil {
 			t.Errorf("node run: %v", err)
 		}
-		if err := n.Store().checkConsistency(); err != nil {
+		if err := n.Store().Check(); err != nil {
 			t.Errorf("store inconsistent at the end: %v", err)
 		}
 		n.Close()

@@ -66,7 +66,7 @@ type planView interface {
 	Link(to, from string) (metadata.LinkRecord, bool)
 }
 
-// prefixIndex says which keys of a chain the node holds. *Store
+// prefixIndex says which keys of a chain the node holds. *store.Store
 // implements it.
 type prefixIndex interface {
 	Exists(tenant, ns []byte, keys [][]byte) ([]bool, error)

@@ -19,7 +19,7 @@ import (
 	"github.com/kvpool/kvpool/metadata"
 )
 
-// tenantSetter applies a tenant's policy (nil: the node's default). *Store
+// tenantSetter applies a tenant's policy (nil: the node's default). *store.Store
 // implements it.
 type tenantSetter interface {
 	SetTenant(name string, cfg *eviction.TenantConfig)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -88,7 +89,7 @@ func (f *fetcher) Replicate(ctx context.Context, tenant, namespace, key []byte, 
 
 // pushCopy writes the pinned block into a reservation on target and
 // commits it there.
-func (f *fetcher) pushCopy(ctx context.Context, target metadata.NodeRecord, tenant, namespace, key []byte, pin Pin) error {
+func (f *fetcher) pushCopy(ctx context.Context, target metadata.NodeRecord, tenant, namespace, key []byte, pin store.Pin) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	addr := target.Addrs[addrGRPC]

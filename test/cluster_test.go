@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
+	"github.com/kvpool/kvpool/api/chain"
 	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/test/cluster"
 )
@@ -19,7 +21,7 @@ func chainKeys(t *testing.T, seed uint32, n int) [][]byte {
 	for i := range tokens {
 		tokens[i] = seed*100000 + uint32(i)
 	}
-	keys, err := api.ChainKeys(api.ChainConfig{Scheme: api.ChainSHA256CBOR, BlockTokens: 16, Seed: "0"}, tokens)
+	keys, err := chain.Keys(chain.Config{Scheme: chain.SHA256CBOR, BlockTokens: 16, Seed: "0"}, tokens)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func TestClusterLocality(t *testing.T) {
 	putChain(t, c.Client(2, api.PathData), keys[6:9]) // not a prefix: holds 0 leading blocks
 	c.Converged(10 * time.Second)
 	for i := range c.Nodes {
-		r, err := c.Client(i, api.PathData).Admin().Locate(context.Background(), "acme", "llama3-8b", keys)
+		r, err := admin.New(c.Client(i, api.PathData)).Locate(context.Background(), "acme", "llama3-8b", keys)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,14 +71,14 @@ func TestReportLoadReachesEveryDaemon(t *testing.T) {
 	if err := eng.ReportLoad(context.Background(), api.Load{Queue: -time.Second}); !errors.Is(err, api.ErrInvalidArgument) {
 		t.Fatalf("negative queue time: %v", err)
 	}
-	admin := c.Client(2, api.PathData).Admin()
+	adm := admin.New(c.Client(2, api.PathData))
 	eventually.True(t, "node-2 to see node-1's engine load", 10*time.Second, func() bool {
-		nodes, _, err := admin.Nodes(context.Background())
+		nodes, err := adm.Nodes(context.Background())
 		if err != nil {
 			return false
 		}
-		for _, n := range nodes {
-			if n.ID == "node-1" && n.Queue == 250*time.Millisecond && n.PrefillTokensPerSecond == 35739 && n.GossipState == "alive" {
+		for _, n := range nodes.Nodes {
+			if n.ID == "node-1" && n.QueueSeconds == 0.25 && n.PrefillTokensPerSecond == 35739 && n.GossipState == "alive" {
 				return true
 			}
 		}

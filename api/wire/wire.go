@@ -42,6 +42,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"syscall"
 )
 
 // Preamble opens a TCP data connection.
@@ -381,6 +383,42 @@ func DecodeHello(b []byte, h *Hello) error {
 	h.VersionWords = binary.LittleEndian.Uint64(b[20:])
 	h.NodeID = string(b[helloBytes:])
 	return nil
+}
+
+// SendHello writes h on c with the descriptors fds attached (SCM_RIGHTS):
+// what a node sends first on a same-host connection.
+func SendHello(c *net.UnixConn, h *Hello, fds ...int) error {
+	_, _, err := c.WriteMsgUnix(AppendHello(nil, h), syscall.UnixRights(fds...), nil)
+	return err
+}
+
+// ReceiveHello reads a node's Hello into h and the want descriptors that
+// came with it; the caller owns them and MUST close them.
+func ReceiveHello(c *net.UnixConn, h *Hello, want int) ([]int, error) {
+	buf := make([]byte, helloBytes+255)
+	oob := make([]byte, syscall.CmsgSpace(4*want))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	msgs, err := syscall.ParseSocketControlMessage(oob[:oobn])
+	if err == nil && len(msgs) == 1 {
+		fds, err = syscall.ParseUnixRights(&msgs[0])
+	}
+	if err == nil && len(fds) != want {
+		err = fmt.Errorf("%w: the hello carried %d descriptors, want %d", ErrProtocol, len(fds), want)
+	}
+	if err == nil {
+		err = DecodeHello(buf[:n], h)
+	}
+	if err != nil {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		return nil, err
+	}
+	return fds, nil
 }
 
 // noEOF turns a clean EOF inside a frame into io.ErrUnexpectedEOF.

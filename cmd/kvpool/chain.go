@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -44,8 +43,7 @@ type chainKeysJSON struct {
 }
 
 func chainKeysCmd(e *env) *cobra.Command {
-	var tokensFile, scheme, seed string
-	var blockTokens int
+	var f chainFlags
 	var csv, asJSON bool
 	c := &cobra.Command{
 		Use:   "keys",
@@ -60,22 +58,7 @@ own fixed-width encoding.`,
 		Example: `  echo 1 2 3 4 5 6 7 8 | kvpool chain keys --block-tokens 4 --scheme sha256_cbor --seed 0`,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := api.ParseChainScheme(scheme)
-			if err != nil {
-				return usage(err)
-			}
-			if blockTokens <= 0 {
-				return usagef("--block-tokens %d: want a positive count", blockTokens)
-			}
-			tokens, err := readTokensFile(e, tokensFile)
-			if err != nil {
-				var pe *os.PathError
-				if errors.As(err, &pe) {
-					return err
-				}
-				return usage(err)
-			}
-			keys, err := api.ChainKeys(api.ChainConfig{Scheme: s, BlockTokens: blockTokens, Seed: seed}, tokens)
+			keys, tokens, err := f.hashTokens(e)
 			if err != nil {
 				return err
 			}
@@ -85,7 +68,7 @@ own fixed-width encoding.`,
 			}
 			switch {
 			case asJSON:
-				return printJSON(e.stdout, chainKeysJSON{Scheme: s.String(), BlockTokens: blockTokens, Tokens: len(tokens), Keys: hexKeys})
+				return printJSON(e.stdout, chainKeysJSON{Scheme: f.scheme, BlockTokens: f.blockTokens, Tokens: tokens, Keys: hexKeys})
 			case csv:
 				fmt.Fprintln(e.stdout, strings.Join(hexKeys, ","))
 			default:
@@ -96,13 +79,9 @@ own fixed-width encoding.`,
 			return nil
 		},
 	}
-	fl := c.Flags()
-	fl.StringVar(&tokensFile, "tokens-file", "", "file of token ids (default stdin)")
-	fl.IntVar(&blockTokens, "block-tokens", 16, "tokens per block")
-	fl.StringVar(&scheme, "scheme", "sha256_cbor", "sha256_cbor (vLLM) or sha256 (kvpool)")
-	fl.StringVar(&seed, "seed", "0", "chain seed; for sha256_cbor the engine's PYTHONHASHSEED")
-	fl.BoolVar(&csv, "csv", false, "print the keys on one comma-separated line (for --keys)")
-	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	f.registerTokens(c, "file of token ids (default stdin)")
+	c.Flags().BoolVar(&csv, "csv", false, "print the keys on one comma-separated line (for --keys)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
 
@@ -279,7 +258,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func (f *planFlags) live(cmd *cobra.Command, e *env) error {
 	var errs []error
 	errs = append(errs, f.cf.checkNames())
-	chain, promptTokens, err := f.chain.chain(e, &f.cf)
+	keys, promptTokens, err := f.chain.chain(e, &f.cf)
 	errs = append(errs, err)
 	if f.prompt > 0 {
 		promptTokens = f.prompt
@@ -297,7 +276,7 @@ func (f *planFlags) live(cmd *cobra.Command, e *env) error {
 	}
 	// With --keys and no --block-tokens, and no --model, the node's
 	// defaults apply.
-	req := api.PlanRequest{Tenant: f.cf.tenant, Namespace: f.cf.namespace, Keys: chain, Model: f.model, BlockTokens: f.chain.blockTokens,
+	req := api.PlanRequest{Tenant: f.cf.tenant, Namespace: f.cf.namespace, Keys: keys, Model: f.model, BlockTokens: f.chain.blockTokens,
 		PromptTokens: promptTokens, LinkBytesPerSecond: f.linkGBps * 1e9, Candidates: f.candidates}
 	if f.chain.tokensFile == "" && !cmd.Flags().Changed("block-tokens") {
 		req.BlockTokens = 0

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
 	"github.com/kvpool/kvpool/internal/eventually"
 )
 
@@ -194,7 +197,7 @@ func TestBlockCommands(t *testing.T) {
 	if r := mustOK(t, kv(t, nil, with("exists", "--keys", "block-none,block-data")...)); r.stdout != "\"block-none\"\tfalse\n\"block-data\"\ttrue\n" {
 		t.Fatalf("exists: %q", r.stdout)
 	}
-	var st statsJSON
+	var st api.NodeStats
 	decode(t, mustOK(t, kv(t, nil, "node", "stats", "--server", s.addr, "--json")), &st)
 	if st.Blocks != 2 || st.CapacityBytes != 64<<20 || len(st.Namespaces) != 1 || len(st.Tenants) != 1 {
 		t.Fatalf("node stats --json: %+v", st)
@@ -377,12 +380,12 @@ func TestConfigFile(t *testing.T) {
 		"transport: grpc\ntransfer_conns: 3\nfetch_timeout: 2s\nlink_seed_rate: 100MB\n"+
 		"default_policy: fifo\nhigh_watermark: 0.8\nlow_watermark: 0.6\nlease_default: 5s\nlease_max: 30s\n"), 0o644)
 	s := serve(t, "--config", good, "--page-size", "16KiB") // the command line wins
-	var st statsJSON
+	var st api.NodeStats
 	decode(t, mustOK(t, kv(t, nil, "node", "stats", "--server", s.addr, "--json")), &st)
 	if st.CapacityBytes != 32<<20 || st.PageBytes != 16<<10 {
 		t.Fatalf("config not applied: %+v", st)
 	}
-	var links linksJSON
+	var links admin.Links
 	decode(t, mustOK(t, kv(t, nil, "cluster", "links", "--server", s.addr, "--json")), &links)
 	if links.Transport != "grpc" {
 		t.Fatalf("transport from the config file not applied: %+v", links)
@@ -445,7 +448,7 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 		mustOK(t, kv(t, []byte("kv bytes"), "block", "put", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--key", k))
 	}
 	// Ask a (not b) where they are, by tokens and by keys.
-	var loc clusterLocateJSON
+	var loc admin.Location
 	eventually.True(t, "a's mirror to see the chain", 20*time.Second, func() bool {
 		decode(t, mustOK(t, kv(t, nil, "cluster", "locate", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--tokens-file", tokens, "--block-tokens", "4", "--json")), &loc)
 		return loc.DeepestBlocks == 2
@@ -457,12 +460,12 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 	if !strings.Contains(r.stdout, "deepest prefix: 2 blocks on cmd-second") {
 		t.Fatalf("cluster locate table: %s", r.stdout)
 	}
-	var blocks blocksJSON
+	var blocks admin.BlockList
 	decode(t, mustOK(t, kv(t, nil, "cluster", "blocks", "--server", a.addr, "--node", "cmd-second", "--json")), &blocks)
-	if blocks.Total != 2 || len(blocks.Blocks) != 2 || !slices.ContainsFunc(blocks.Blocks, func(b blockRefJSON) bool { return b.Key == keys[0] }) {
+	if blocks.Total != 2 || len(blocks.Blocks) != 2 || !slices.ContainsFunc(blocks.Blocks, func(b admin.BlockRef) bool { return hex.EncodeToString(b.Key) == keys[0] }) {
 		t.Fatalf("cluster blocks: %+v", blocks)
 	}
-	var nodes nodesJSON
+	var nodes admin.Nodes
 	eventually.True(t, "both nodes alive in gossip and registered", 20*time.Second, func() bool {
 		decode(t, mustOK(t, kv(t, nil, "cluster", "nodes", "--server", a.addr, "--json")), &nodes)
 		alive := 0
@@ -476,7 +479,7 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 	if r := mustOK(t, kv(t, nil, "cluster", "nodes", "--server", b.addr)); !strings.Contains(r.stdout, "GOSSIP") || !strings.Contains(r.stdout, "rack-b") {
 		t.Fatalf("cluster nodes table: %s", r.stdout)
 	}
-	var st clusterStatsJSON
+	var st admin.Stats
 	decode(t, mustOK(t, kv(t, nil, "cluster", "stats", "--server", a.addr, "--json")), &st)
 	if st.Nodes != 2 || st.MirrorBlocks != 2 || st.LiveNodes != 2 {
 		t.Fatalf("cluster stats: %+v", st)
@@ -492,17 +495,17 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 	}
 
 	// Policies, set on a and read back through b.
-	var p policyJSON
+	var p admin.Policy
 	decode(t, mustOK(t, kv(t, nil, "policy", "set", "--server", a.addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB", "--high", "0.9", "--low", "0.5", "--ttl", "1h", "--json")), &p)
-	if p.Policy != "lfu" || p.QuotaBytes != 2<<20 || p.DefaultTTLSeconds != 3600 || p.StoredUnixMs == 0 {
+	if p.Kind != "lfu" || p.QuotaBytes != 2<<20 || p.DefaultTTLSeconds != 3600 || p.StoredUnixMs == 0 {
 		t.Fatalf("policy set --json: %+v", p)
 	}
-	var got policyJSON
+	var got admin.Policy
 	decode(t, mustOK(t, kv(t, nil, "policy", "get", "--server", b.addr, "--tenant", "acme", "--json")), &got)
-	if got.Policy != "lfu" || got.HighWatermark != 0.9 || got.StoredUnixMs != 0 {
+	if got.Kind != "lfu" || got.High != 0.9 || got.StoredUnixMs != 0 {
 		t.Fatalf("policy get --json: %+v", got)
 	}
-	var ps []policyJSON
+	var ps []admin.Policy
 	decode(t, mustOK(t, kv(t, nil, "admin", "policy", "list", "--server", b.addr, "--json")), &ps)
 	if len(ps) != 1 || ps[0].Tenant != "acme" {
 		t.Fatalf("admin policy list (old) --json: %+v", ps)

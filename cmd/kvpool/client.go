@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
+	"github.com/kvpool/kvpool/api/chain"
 )
 
 // clientFlags are shared by the commands that talk to one node.
@@ -34,13 +36,19 @@ func (f *clientFlags) register(c *cobra.Command, names bool, timeout time.Durati
 	fl := c.Flags()
 	fl.StringVar(&f.server, "server", "127.0.0.1:7070", "node address (host:port)")
 	if names {
-		fl.StringVar(&f.tenant, "tenant", "", "tenant, [A-Za-z0-9._-]{1,64} (required)")
-		fl.StringVar(&f.namespace, "namespace", "", "namespace, [A-Za-z0-9._-]{1,64} (required)")
-		fl.BoolVar(&f.hex, "hex", false, "keys are hex-encoded bytes instead of text")
+		f.registerNames(c)
 	}
 	fl.BoolVar(&f.asJSON, "json", false, "print machine-readable JSON")
 	fl.StringVar(&f.path, "path", "auto", "how bytes move: auto, shm, data or grpc")
 	fl.DurationVar(&f.timeout, "timeout", timeout, "give up after this long")
+}
+
+// registerNames adds --tenant, --namespace and --hex.
+func (f *clientFlags) registerNames(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVar(&f.tenant, "tenant", "", "tenant, [A-Za-z0-9._-]{1,64} (required)")
+	fl.StringVar(&f.namespace, "namespace", "", "namespace, [A-Za-z0-9._-]{1,64} (required)")
+	fl.BoolVar(&f.hex, "hex", false, "keys are hex-encoded bytes instead of text")
 }
 
 func (f *clientFlags) key(s string) ([]byte, error) {
@@ -118,8 +126,8 @@ func (f *clientFlags) withClient(cmd *cobra.Command, fn func(ctx context.Context
 }
 
 // withAdmin is withClient for the admin calls.
-func (f *clientFlags) withAdmin(cmd *cobra.Command, fn func(ctx context.Context, a *api.Admin) error) error {
-	return f.withClient(cmd, func(ctx context.Context, c *api.Client) error { return fn(ctx, c.Admin()) })
+func (f *clientFlags) withAdmin(cmd *cobra.Command, fn func(ctx context.Context, a *admin.Client) error) error {
+	return f.withClient(cmd, func(ctx context.Context, c *api.Client) error { return fn(ctx, admin.New(c)) })
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -146,71 +154,64 @@ type chainFlags struct {
 }
 
 func (f *chainFlags) register(c *cobra.Command) {
+	c.Flags().StringSliceVar(&f.keys, "keys", nil, "the chain's keys, block 0 first, comma-separated")
+	f.registerTokens(c, "file of the prompt's token ids ('-' for stdin)")
+}
+
+// registerTokens adds the flags that hash a prompt's tokens into keys.
+func (f *chainFlags) registerTokens(c *cobra.Command, fileUsage string) {
 	fl := c.Flags()
-	fl.StringSliceVar(&f.keys, "keys", nil, "the chain's keys, block 0 first, comma-separated")
-	fl.StringVar(&f.tokensFile, "tokens-file", "", "file of the prompt's token ids ('-' for stdin)")
+	fl.StringVar(&f.tokensFile, "tokens-file", "", fileUsage)
 	fl.IntVar(&f.blockTokens, "block-tokens", 16, "tokens per block")
-	fl.StringVar(&f.scheme, "scheme", "sha256_cbor", "chain hash, with --tokens-file: sha256_cbor (vLLM) or sha256")
-	fl.StringVar(&f.seed, "seed", "0", "chain seed, with --tokens-file (vLLM: PYTHONHASHSEED)")
+	fl.StringVar(&f.scheme, "scheme", "sha256_cbor", "chain hash: sha256_cbor (vLLM) or sha256 (kvpool's own)")
+	fl.StringVar(&f.seed, "seed", "0", "chain seed; for sha256_cbor the engine's PYTHONHASHSEED")
 }
 
 // chain returns the chain and, with --tokens-file, the prompt's length in
-// tokens (0 with --keys). Errors are usage errors.
+// tokens (0 with --keys).
 func (f *chainFlags) chain(e *env, cf *clientFlags) ([][]byte, int, error) {
-	if f.blockTokens <= 0 {
-		return nil, 0, usagef("--block-tokens %d: want a positive count", f.blockTokens)
-	}
 	switch {
 	case f.tokensFile != "" && len(f.keys) > 0:
 		return nil, 0, usagef("give --keys or --tokens-file, not both")
 	case f.tokensFile != "":
-		s, err := api.ParseChainScheme(f.scheme)
-		if err != nil {
-			return nil, 0, usage(err)
+		keys, tokens, err := f.hashTokens(e)
+		if err == nil && len(keys) == 0 {
+			err = usagef("%d tokens make no full block of %d", tokens, f.blockTokens)
 		}
-		tokens, err := readTokensFile(e, f.tokensFile)
-		if err != nil {
-			return nil, 0, usage(err)
-		}
-		chain, err := api.ChainKeys(api.ChainConfig{Scheme: s, BlockTokens: f.blockTokens, Seed: f.seed}, tokens)
-		if err != nil {
-			return nil, 0, err
-		}
-		if len(chain) == 0 {
-			return nil, 0, usagef("%d tokens make no full block of %d", len(tokens), f.blockTokens)
-		}
-		return chain, len(tokens), nil
+		return keys, tokens, err
 	}
-	chain, err := cf.keys(f.keys)
-	return chain, 0, usage(err)
+	if f.blockTokens <= 0 {
+		return nil, 0, usagef("--block-tokens %d: want a positive count", f.blockTokens)
+	}
+	keys, err := cf.keys(f.keys)
+	return keys, 0, usage(err)
 }
 
-func readTokensFile(e *env, path string) ([]uint32, error) {
+// hashTokens reads --tokens-file (stdin when empty or '-') and hashes its
+// tokens into keys; it returns them and the number of tokens read. A flag
+// or a file's content that is wrong is a usage error; a file that cannot
+// be read is not.
+func (f *chainFlags) hashTokens(e *env) ([][]byte, int, error) {
+	s, err := chain.ParseScheme(f.scheme)
+	if err != nil {
+		return nil, 0, usage(err)
+	}
+	if f.blockTokens <= 0 {
+		return nil, 0, usagef("--block-tokens %d: want a positive count", f.blockTokens)
+	}
 	var in io.Reader = e.stdin
-	if path != "-" && path != "" {
-		fh, err := os.Open(path)
+	if f.tokensFile != "-" && f.tokensFile != "" {
+		fh, err := os.Open(f.tokensFile)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		defer fh.Close()
 		in = fh
 	}
-	return readTokens(in)
-}
-
-func readTokens(r io.Reader) ([]uint32, error) {
-	b, err := io.ReadAll(r)
+	tokens, err := chain.ReadTokens(in)
 	if err != nil {
-		return nil, err
+		return nil, 0, usage(err)
 	}
-	fields := strings.FieldsFunc(string(b), func(c rune) bool { return c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r' })
-	out := make([]uint32, 0, len(fields))
-	for _, s := range fields {
-		v, err := strconv.ParseUint(s, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("token %q is not a non-negative 32-bit integer", s)
-		}
-		out = append(out, uint32(v))
-	}
-	return out, nil
+	keys, err := chain.Keys(chain.Config{Scheme: s, BlockTokens: f.blockTokens, Seed: f.seed}, tokens)
+	return keys, len(tokens), err
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
+	"github.com/kvpool/kvpool/api/chain"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool"
@@ -136,8 +138,8 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	for i := range system {
 		system[i] = token()
 	}
-	chainCfg := api.ChainConfig{Scheme: api.ChainSHA256CBOR, BlockTokens: blockTokens, Seed: "0"}
-	keys, err := api.ChainKeys(chainCfg, system)
+	chainCfg := chain.Config{Scheme: chain.SHA256CBOR, BlockTokens: blockTokens, Seed: "0"}
+	keys, err := chain.Keys(chainCfg, system)
 	if err != nil {
 		return err
 	}
@@ -186,17 +188,17 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	for i := len(system); i < len(request); i++ {
 		request[i] = token()
 	}
-	rkeys, err := api.ChainKeys(chainCfg, request)
+	rkeys, err := chain.Keys(chainCfg, request)
 	if err != nil {
 		return err
 	}
-	admin := clients[2].Admin()
+	adm := admin.New(clients[2])
 	// Locations reach every mirror, and gossip every daemon, within
 	// milliseconds of a put: wait for the cluster to settle.
 	want := map[string]int{"node-0": blocks, "node-1": blocks / 2, "node-2": blocks / 4}
-	var loc api.ClusterLocation
+	var loc admin.Location
 	settled := func() (bool, error) {
-		if loc, err = admin.Locate(ctx, tenant, namespace, rkeys); err != nil {
+		if loc, err = adm.Locate(ctx, tenant, namespace, rkeys); err != nil {
 			return false, err
 		}
 		for _, np := range loc.Nodes {
@@ -204,11 +206,11 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 				return false, nil
 			}
 		}
-		nodes, _, err := admin.Nodes(ctx)
+		nodes, err := adm.Nodes(ctx)
 		if err != nil {
 			return false, err
 		}
-		for _, n := range nodes {
+		for _, n := range nodes.Nodes {
 			if n.GossipState != "alive" || n.Blocks != uint64(want[n.ID]) {
 				return false, nil
 			}
@@ -216,18 +218,8 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		return len(loc.Nodes) == 3, nil
 	}
 	waitStart := time.Now()
-	for {
-		ok, err := settled()
-		if err != nil {
-			return err
-		}
-		if ok {
-			break
-		}
-		if time.Since(waitStart) > 15*time.Second {
-			return fmt.Errorf("demo: the cluster did not settle within 15 s: %v", loc)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := await("every mirror and gossip to agree", settled); err != nil {
+		return err
 	}
 	fmt.Fprintf(out, "\nevery mirror and gossip agree %v after the last put\n", time.Since(waitStart).Round(time.Millisecond))
 	fmt.Fprintf(out, "\nnew request: %d tokens = %d blocks; asked node-2 where they are (kvpool cluster locate):\n", len(request), len(rkeys))
@@ -245,12 +237,8 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	}
 	planReq := api.PlanRequest{Tenant: tenant, Namespace: namespace, Keys: rkeys, Model: "llama3-8b",
 		BlockTokens: blockTokens, PromptTokens: len(request)}
-	waitStart = time.Now()
-	for {
+	if err := await("the engines' load to reach node-2", func() (bool, error) {
 		plan, err := clients[2].Plan(ctx, planReq)
-		if err != nil {
-			return err
-		}
 		seen := 0
 		for _, np := range plan.Nodes {
 			for i, q := range queues {
@@ -259,13 +247,9 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 				}
 			}
 		}
-		if seen == len(queues) {
-			break
-		}
-		if time.Since(waitStart) > 15*time.Second {
-			return errors.New("demo: the engines' load did not reach node-2 within 15 s")
-		}
-		time.Sleep(5 * time.Millisecond)
+		return seen == len(queues), err
+	}); err != nil {
+		return err
 	}
 	fmt.Fprintf(out, "\nthe engines report their queues (node-0 %v, node-1 %v, node-2 idle); node-2 plans the request as Llama-3-8B on H200s (kvpool chain plan --server):\n", queues[0], queues[1])
 	for _, whatIf := range []struct {
@@ -337,18 +321,18 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 		return errors.New("demo: an immutable block was overwritten")
 	}
 
-	st, err := admin.Stats(ctx)
+	st, err := adm.Stats(ctx)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "\ncluster stats (kvpool cluster stats):")
 	printClusterStats(out, &st)
-	nodes, _, err := admin.Nodes(ctx)
+	nodes, err := adm.Nodes(ctx)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "\nnodes (kvpool cluster nodes):")
-	for _, n := range nodes {
+	for _, n := range nodes.Nodes {
 		fmt.Fprintf(out, "  %s  etcd %s, gossip %s, %s, %d blocks published\n", n.ID, n.EtcdState, n.GossipState, dash(n.Zone), n.PublishedBlocks)
 	}
 	fmt.Fprintln(out, "\nstopping the daemons and etcd")
@@ -359,4 +343,17 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	cl.stops = nil
 	fmt.Fprintln(out, "demo ok")
 	return nil
+}
+
+// await polls cond until it holds or fails, for up to 15 s: through etcd
+// and gossip the cluster converges within milliseconds.
+func await(what string, cond func() (bool, error)) error {
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if ok, err := cond(); ok || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: waited 15 s for %s", what)
+		}
+	}
 }

@@ -18,63 +18,6 @@ import (
 	"github.com/kvpool/kvpool/transfer"
 )
 
-// statsJSON is the --json shape of node stats: every field present,
-// numbers as numbers.
-type statsJSON struct {
-	NodeID                string          `json:"node_id"`
-	CapacityBytes         uint64          `json:"capacity_bytes"`
-	UsedBytes             uint64          `json:"used_bytes"`
-	FreeBytes             uint64          `json:"free_bytes"`
-	StoredBytes           uint64          `json:"stored_bytes"`
-	Blocks                uint64          `json:"blocks"`
-	Reservations          uint64          `json:"reservations"`
-	ReservedBytes         uint64          `json:"reserved_bytes"`
-	PageBytes             uint64          `json:"page_bytes"`
-	LargestFreeBytes      uint64          `json:"largest_free_bytes"`
-	ExternalFragmentation float64         `json:"external_fragmentation"`
-	InternalFragmentation float64         `json:"internal_fragmentation"`
-	MemoryLocked          bool            `json:"memory_locked"`
-	Namespaces            []namespaceJSON `json:"namespaces"`
-	Tenants               []tenantJSON    `json:"tenants"`
-	LeasedBlocks          uint64          `json:"leased_blocks"`
-}
-
-type namespaceJSON struct {
-	Tenant      string `json:"tenant"`
-	Namespace   string `json:"namespace"`
-	Blocks      uint64 `json:"blocks"`
-	StoredBytes uint64 `json:"stored_bytes"`
-}
-
-type tenantJSON struct {
-	Tenant              string `json:"tenant"`
-	Policy              string `json:"policy"`
-	QuotaBytes          int64  `json:"quota_bytes"`
-	StoredBytes         uint64 `json:"stored_bytes"`
-	Blocks              uint64 `json:"blocks"`
-	Hits                uint64 `json:"hits"`
-	Misses              uint64 `json:"misses"`
-	QuotaEvictions      uint64 `json:"quota_evictions"`
-	PressureEvictions   uint64 `json:"pressure_evictions"`
-	Expirations         uint64 `json:"expirations"`
-	Rejected            uint64 `json:"rejected"`
-	PolicyAppliedUnixMs int64  `json:"policy_applied_unix_ms"`
-}
-
-func tenantsJSON(ts []api.TenantStats) []tenantJSON {
-	out := []tenantJSON{}
-	for _, t := range ts {
-		j := tenantJSON{Tenant: t.Tenant, Policy: t.Policy, QuotaBytes: t.QuotaBytes, StoredBytes: t.StoredBytes, Blocks: t.Blocks,
-			Hits: t.Hits, Misses: t.Misses, QuotaEvictions: t.QuotaEvictions, PressureEvictions: t.PressureEvictions,
-			Expirations: t.Expirations, Rejected: t.Rejected}
-		if !t.PolicyApplied.IsZero() {
-			j.PolicyAppliedUnixMs = t.PolicyApplied.UnixMilli()
-		}
-		out = append(out, j)
-	}
-	return out
-}
-
 func nodeStatsCmd(e *env) *cobra.Command {
 	var f clientFlags
 	c := &cobra.Command{
@@ -84,19 +27,8 @@ func nodeStatsCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
 				st, err := c.Stats(ctx)
-				if err != nil {
-					return err
-				}
-				if f.asJSON {
-					out := statsJSON{NodeID: st.NodeID, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes, FreeBytes: st.FreeBytes,
-						StoredBytes: st.StoredBytes, Blocks: st.Blocks, Reservations: st.Reservations, ReservedBytes: st.ReservedBytes,
-						PageBytes: st.PageBytes, LargestFreeBytes: st.LargestFreeBytes, ExternalFragmentation: st.ExternalFragmentation,
-						InternalFragmentation: st.InternalFragmentation, MemoryLocked: st.MemoryLocked, Namespaces: []namespaceJSON{},
-						Tenants: tenantsJSON(st.Tenants), LeasedBlocks: st.LeasedBlocks}
-					for _, ns := range st.Namespaces {
-						out.Namespaces = append(out.Namespaces, namespaceJSON(ns))
-					}
-					return printJSON(e.stdout, out)
+				if err != nil || f.asJSON {
+					return printOr(e, err, st)
 				}
 				printStats(e.stdout, &st)
 				return nil
@@ -261,13 +193,13 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f := c.Flags()
 	f.StringVar(&cfg.Server, "server", "", "node address (host:port); empty starts a node in this process")
 	f.StringVar(&cfg.Op, "op", cfg.Op, "operation: get or put")
-	f.Var(sizeFlag{&blockBytes}, "block-size", "value size, e.g. 4KiB or 2MiB")
+	f.Var(sizeV(&blockBytes), "block-size", "value size, e.g. 4KiB or 2MiB")
 	f.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, one connection each")
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase of each round (the baseline takes as long again)")
 	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat baseline-half, measure, baseline-half this many times; figures sum over all rounds")
 	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc")
-	f.Var(sizeFlag{&cfg.WorkingSetBytes}, "working-set", "distinct block data gets cycle through (default 128MiB)")
-	f.Var(sizeFlag{&cfg.CapacityBytes}, "capacity", "arena size of the in-process node (default 4GiB)")
+	f.Var(sizeV(&cfg.WorkingSetBytes), "working-set", "distinct block data gets cycle through (default 128MiB)")
+	f.Var(sizeV(&cfg.CapacityBytes), "capacity", "arena size of the in-process node (default 4GiB)")
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
 	f.BoolVar(&cfg.NoLocationCache, "no-location-cache", false, "shm: ask the node on every get instead of reading blocks read before straight from the segment")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
 )
 
 func policyCmd(e *env) *cobra.Command {
@@ -31,25 +33,10 @@ keeps it in memory).
 	return c
 }
 
-// policyJSON is the --json shape of a policy.
-type policyJSON struct {
-	Tenant            string  `json:"tenant"`
-	Policy            string  `json:"policy"`
-	QuotaBytes        int64   `json:"quota_bytes"`
-	HighWatermark     float64 `json:"high_watermark"`
-	LowWatermark      float64 `json:"low_watermark"`
-	DefaultTTLSeconds float64 `json:"default_ttl_seconds"`
-	StoredUnixMs      int64   `json:"stored_unix_ms,omitempty"`
-}
-
-func newPolicyJSON(p api.Policy) policyJSON {
-	return policyJSON{Tenant: p.Tenant, Policy: p.Kind, QuotaBytes: p.QuotaBytes, HighWatermark: p.High, LowWatermark: p.Low,
-		DefaultTTLSeconds: p.DefaultTTL.Seconds()}
-}
-
 func policySetCmd(e *env) *cobra.Command {
 	var f clientFlags
-	var p api.Policy
+	var p admin.Policy
+	var ttl time.Duration
 	c := &cobra.Command{
 		Use:     "set",
 		Short:   "Set a tenant's policy; every daemon applies it within a second",
@@ -63,23 +50,19 @@ func policySetCmd(e *env) *cobra.Command {
 			if !cmd.Flags().Changed("quota") {
 				errs = append(errs, errors.New("--quota is required: a size such as 16GiB, or 0 for none"))
 			}
-			if p.DefaultTTL < 0 {
-				errs = append(errs, fmt.Errorf("--ttl %v must not be negative", p.DefaultTTL))
+			if ttl < 0 {
+				errs = append(errs, fmt.Errorf("--ttl %v must not be negative", ttl))
 			}
+			p.DefaultTTLSeconds = ttl.Seconds()
 			if err := errors.Join(errs...); err != nil {
 				return usage(err)
 			}
-			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
-				stored, at, err := a.SetPolicy(ctx, p)
-				if err != nil {
-					return err
+			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
+				stored, err := a.SetPolicy(ctx, p)
+				if err != nil || f.asJSON {
+					return printOr(e, err, stored)
 				}
-				if f.asJSON {
-					out := newPolicyJSON(stored)
-					out.StoredUnixMs = at.UnixMilli()
-					return printJSON(e.stdout, out)
-				}
-				printPolicies(e.stdout, []api.Policy{stored})
+				printPolicies(e.stdout, []admin.Policy{stored})
 				fmt.Fprintln(e.stdout, "stored; every daemon applies it on its next etcd watch event (milliseconds)")
 				return nil
 			})
@@ -89,8 +72,8 @@ func policySetCmd(e *env) *cobra.Command {
 	fl := c.Flags()
 	fl.StringVar(&p.Tenant, "tenant", "", "tenant (required)")
 	fl.StringVar(&p.Kind, "policy", "", "lru, lfu, fifo, ttl or prefix-lru (required)")
-	fl.Var(sizeFlag{&p.QuotaBytes}, "quota", "per-node quota, e.g. 16GiB; 0 for none (required)")
-	fl.DurationVar(&p.DefaultTTL, "ttl", 0, "blocks expire this long after they are stored; 0 means never")
+	fl.Var(sizeV(&p.QuotaBytes), "quota", "per-node quota, e.g. 16GiB; 0 for none (required)")
+	fl.DurationVar(&ttl, "ttl", 0, "blocks expire this long after they are stored; 0 means never")
 	fl.Float64Var(&p.High, "high", 0, "high watermark, a fraction of the quota (default 0.95)")
 	fl.Float64Var(&p.Low, "low", 0, "low watermark, a fraction of the quota (default 0.85)")
 	return c
@@ -107,15 +90,12 @@ func policyGetCmd(e *env) *cobra.Command {
 			if err := api.ValidateName("--tenant", tenant); err != nil {
 				return usage(err)
 			}
-			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
+			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
 				p, err := a.Policy(ctx, tenant)
-				if err != nil {
-					return err
+				if err != nil || f.asJSON {
+					return printOr(e, err, p)
 				}
-				if f.asJSON {
-					return printJSON(e.stdout, newPolicyJSON(p))
-				}
-				printPolicies(e.stdout, []api.Policy{p})
+				printPolicies(e.stdout, []admin.Policy{p})
 				return nil
 			})
 		},
@@ -132,17 +112,10 @@ func policyListCmd(e *env) *cobra.Command {
 		Short: "List every stored tenant policy",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error {
+			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
 				ps, err := a.Policies(ctx)
-				if err != nil {
-					return err
-				}
-				if f.asJSON {
-					out := []policyJSON{}
-					for _, p := range ps {
-						out = append(out, newPolicyJSON(p))
-					}
-					return printJSON(e.stdout, out)
+				if err != nil || f.asJSON {
+					return printOr(e, err, ps)
 				}
 				printPolicies(e.stdout, ps)
 				return nil
@@ -164,7 +137,7 @@ func policyDeleteCmd(e *env) *cobra.Command {
 			if err := api.ValidateName("--tenant", tenant); err != nil {
 				return usage(err)
 			}
-			return f.withAdmin(cmd, func(ctx context.Context, a *api.Admin) error { return a.DeletePolicy(ctx, tenant) })
+			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error { return a.DeletePolicy(ctx, tenant) })
 		},
 	}
 	adminFlags(c, &f)
@@ -172,13 +145,13 @@ func policyDeleteCmd(e *env) *cobra.Command {
 	return c
 }
 
-func printPolicies(w io.Writer, ps []api.Policy) {
+func printPolicies(w io.Writer, ps []admin.Policy) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tHIGH\tLOW\tTTL")
 	for _, p := range ps {
 		ttl := "never"
-		if p.DefaultTTL > 0 {
-			ttl = p.DefaultTTL.String()
+		if p.DefaultTTLSeconds > 0 {
+			ttl = time.Duration(p.DefaultTTLSeconds * float64(time.Second)).String()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.2f\t%s\n", p.Tenant, p.Kind, quota(p.QuotaBytes), p.High, p.Low, ttl)
 	}

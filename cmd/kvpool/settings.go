@@ -47,9 +47,9 @@ var settings = []setting{
 	{"node-id", "node id, [A-Za-z0-9._-]{1,64} (default: the host name)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.NodeID) }},
 	{"listen", "address for gRPC, the data channel and the tcp transport", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.ListenAddr) }},
 	{"metrics-listen", "address for /metrics, /healthz and /readyz; empty disables", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.MetricsAddr) }},
-	{"capacity", "shared-memory arena size, e.g. 8GiB (required)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.CapacityBytes} }},
-	{"page-size", "allocation granule, a power of two from 512 to 1MiB", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.PageBytes} }},
-	{"max-block-size", "largest accepted value (default 64MiB, at most the capacity)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeFlag{&c.MaxBlockBytes} }},
+	{"capacity", "shared-memory arena size, e.g. 8GiB (required)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.CapacityBytes) }},
+	{"page-size", "allocation granule, a power of two from 512 to 1MiB", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.PageBytes) }},
+	{"max-block-size", "largest accepted value (default 64MiB, at most the capacity)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.MaxBlockBytes) }},
 	{"lock-memory", "pre-fault and mlock the arena (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.LockMemory) }},
 	{"segment-path", "back the arena with a new file at this path under /dev/shm instead of a memfd", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.SegmentPath) }},
 	{"shm-socket", "unix socket for same-host clients (default $TMPDIR/kvpool-<node-id>.sock)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.ShmSocket) }},
@@ -69,8 +69,10 @@ var settings = []setting{
 	{"transport", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)", func(c *pool.Config, _ *serveOptions) pflag.Value { return textV[transfer.Protocol]{&c.Transport} }},
 	{"transfer-conns", "tcp transport: connections per peer that one transfer is striped over", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.TransferConns) }},
 	{"fetch-timeout", "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.FetchTimeout) }},
-	{"link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)", func(c *pool.Config, _ *serveOptions) pflag.Value { return rateFlag{&c.Links.SeedBytesPerSecond} }},
-	{"default-policy", "eviction policy of tenants without a stored one: lru, lfu, fifo, ttl or prefix-lru", func(c *pool.Config, _ *serveOptions) pflag.Value { return kindFlag{&c.DefaultTenant.Policy} }},
+	{"link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.Links.SeedBytesPerSecond) }},
+	{"default-policy", "eviction policy of tenants without a stored one: lru, lfu, fifo, ttl or prefix-lru", func(c *pool.Config, _ *serveOptions) pflag.Value {
+		return textV[eviction.Kind]{&c.DefaultTenant.Policy}
+	}},
 	{"high-watermark", "arena fraction past which the node evicts (over-quota tenants and tenants without a quota first)", func(c *pool.Config, _ *serveOptions) pflag.Value { return floatV(&c.HighWatermark) }},
 	{"low-watermark", "arena fraction the node evicts down to", func(c *pool.Config, _ *serveOptions) pflag.Value { return floatV(&c.LowWatermark) }},
 	{"disable-eviction", "never evict: puts fail with ResourceExhausted when a quota or the arena is full", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.DisableEviction) }},
@@ -168,31 +170,26 @@ func jsonField(path, key string, raw json.RawMessage, v any) error {
 }
 
 // scalarText is a YAML value as a flag would take it: a string as is, a
-// number or boolean as written, a list joined with commas.
+// number or boolean as written, a list of strings joined with commas.
 func scalarText(raw json.RawMessage) (string, error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var list []json.RawMessage
-	if json.Unmarshal(raw, &list) == nil {
-		parts := make([]string, len(list))
-		for i, r := range list {
-			p, err := scalarText(r)
-			if err != nil {
-				return "", err
-			}
-			parts[i] = p
-		}
-		return strings.Join(parts, ","), nil
-	}
 	var x any
 	if err := json.Unmarshal(raw, &x); err != nil {
 		return "", err
 	}
-	switch x.(type) {
+	switch v := x.(type) {
+	case string:
+		return v, nil
 	case float64, bool:
 		return string(raw), nil
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			var ok bool
+			if parts[i], ok = e.(string); !ok {
+				return "", fmt.Errorf("want a list of strings, not %s", raw)
+			}
+		}
+		return strings.Join(parts, ","), nil
 	}
 	return "", fmt.Errorf("want a value, not %s", raw)
 }
@@ -225,11 +222,11 @@ func intV(p *int) pflag.Value { return scratch(func(fs *pflag.FlagSet) { fs.IntV
 func floatV(p *float64) pflag.Value {
 	return scratch(func(fs *pflag.FlagSet) { fs.Float64Var(p, "v", *p, "") })
 }
-func durationV(p *time.Duration) pflag.Value {
-	return scratch(func(fs *pflag.FlagSet) { fs.DurationVar(p, "v", *p, "") })
-}
 func listV(p *[]string) pflag.Value {
 	return scratch(func(fs *pflag.FlagSet) { fs.StringSliceVar(p, "v", *p, "") })
+}
+func durationV(p *time.Duration) pflag.Value {
+	return scratch(func(fs *pflag.FlagSet) { fs.DurationVar(p, "v", *p, "") })
 }
 
 func scratch(define func(*pflag.FlagSet)) pflag.Value {
@@ -257,36 +254,3 @@ func (v textV[T]) Set(s string) error {
 }
 
 func (v textV[T]) Type() string { return "string" }
-
-// kindFlag is an eviction policy.
-type kindFlag struct{ p *eviction.Kind }
-
-func (f kindFlag) String() string { return f.p.String() }
-func (f kindFlag) Type() string   { return "policy" }
-func (f kindFlag) Set(s string) error {
-	k, err := eviction.ParseKind(s)
-	if err != nil {
-		return err
-	}
-	*f.p = k
-	return nil
-}
-
-// rateFlag is a bandwidth in bytes per second, written as a size.
-type rateFlag struct{ p *float64 }
-
-func (f rateFlag) String() string {
-	if *f.p == 0 {
-		return "0"
-	}
-	return formatSize(int64(*f.p))
-}
-func (f rateFlag) Type() string { return "size" }
-func (f rateFlag) Set(s string) error {
-	n, err := parseSize(s)
-	if err != nil {
-		return err
-	}
-	*f.p = float64(n)
-	return nil
-}

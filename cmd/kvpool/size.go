@@ -44,26 +44,28 @@ func parseSize(s string) (int64, error) {
 	return int64(f * float64(mult)), nil
 }
 
-// sizeFlag is a pflag.Value holding a byte size.
-type sizeFlag struct{ v *int64 }
+// sizeFlag is a pflag.Value holding a byte size (or a rate in bytes per
+// second, as a float64).
+type sizeFlag[T int64 | float64] struct{ v *T }
 
-func (f sizeFlag) String() string {
+func sizeV[T int64 | float64](p *T) sizeFlag[T] { return sizeFlag[T]{p} }
+
+func (f sizeFlag[T]) String() string {
 	if f.v == nil {
 		return "0"
 	}
-	return formatSize(*f.v)
+	return formatSize(int64(*f.v))
 }
 
-func (f sizeFlag) Set(s string) error {
+func (f sizeFlag[T]) Set(s string) error {
 	n, err := parseSize(s)
-	if err != nil {
-		return err
+	if err == nil {
+		*f.v = T(n)
 	}
-	*f.v = n
-	return nil
+	return err
 }
 
-func (f sizeFlag) Type() string { return "size" }
+func (f sizeFlag[T]) Type() string { return "size" }
 
 // formatSize prints n with the largest binary unit that divides it.
 func formatSize(n int64) string {

@@ -1,9 +1,12 @@
-package api
+package chain
 
 import (
 	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // The vectors below were computed with Python's cbor2 5.4.6 and hashlib,
@@ -51,8 +54,8 @@ func TestChainSHA256CBORMatchesVLLM(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keys, err := ChainKeys(ChainConfig{
-				Scheme:      ChainSHA256CBOR,
+			keys, err := Keys(Config{
+				Scheme:      SHA256CBOR,
 				BlockTokens: 16,
 				Seed:        tt.seed,
 				Extra:       func(i int) []any { return tt.extra[i] },
@@ -73,7 +76,7 @@ func TestChainSHA256CBORMatchesVLLM(t *testing.T) {
 }
 
 func TestChainRootMatchesVLLMNoneHash(t *testing.T) {
-	root, err := chainRoot(ChainConfig{Scheme: ChainSHA256CBOR, Seed: "0"})
+	root, err := chainRoot(Config{Scheme: SHA256CBOR, Seed: "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,13 +87,13 @@ func TestChainRootMatchesVLLMNoneHash(t *testing.T) {
 }
 
 func TestChainKeysNameTheirPrefix(t *testing.T) {
-	for _, scheme := range []ChainScheme{ChainSHA256, ChainSHA256CBOR} {
+	for _, scheme := range []Scheme{SHA256, SHA256CBOR} {
 		t.Run(scheme.String(), func(t *testing.T) {
-			cfg := ChainConfig{Scheme: scheme, BlockTokens: 4, Seed: "s"}
-			a, _ := ChainKeys(cfg, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
-			b, _ := ChainKeys(cfg, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 99})
-			c, _ := ChainKeys(cfg, []uint32{0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
-			other, _ := ChainKeys(ChainConfig{Scheme: scheme, BlockTokens: 4, Seed: "t"}, []uint32{1, 2, 3, 4})
+			cfg := Config{Scheme: scheme, BlockTokens: 4, Seed: "s"}
+			a, _ := Keys(cfg, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+			b, _ := Keys(cfg, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 99})
+			c, _ := Keys(cfg, []uint32{0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+			other, _ := Keys(Config{Scheme: scheme, BlockTokens: 4, Seed: "t"}, []uint32{1, 2, 3, 4})
 			if len(a) != 3 {
 				t.Fatalf("got %d keys, want 3", len(a))
 			}
@@ -105,7 +108,7 @@ func TestChainKeysNameTheirPrefix(t *testing.T) {
 			if string(other[0]) == string(a[0]) {
 				t.Error("a different seed must give different keys")
 			}
-			ea, _ := ChainKeys(ChainConfig{Scheme: scheme, BlockTokens: 4, Seed: "s", Extra: func(int) []any { return []any{"lora"} }}, []uint32{1, 2, 3, 4})
+			ea, _ := Keys(Config{Scheme: scheme, BlockTokens: 4, Seed: "s", Extra: func(int) []any { return []any{"lora"} }}, []uint32{1, 2, 3, 4})
 			if string(ea[0]) == string(a[0]) {
 				t.Error("extra keys must change the key")
 			}
@@ -119,7 +122,7 @@ func TestChainKeysNameTheirPrefix(t *testing.T) {
 //	p = sha256(b"kvpool/chain/v1" + b"0")
 //	p = sha256(p + pack("<I", 16) + pack("<16I", *block) + pack("<I", 0))
 func TestChainSHA256Vector(t *testing.T) {
-	keys, err := ChainKeys(ChainConfig{Scheme: ChainSHA256, BlockTokens: 16, Seed: "0"}, vllmTokens)
+	keys, err := Keys(Config{Scheme: SHA256, BlockTokens: 16, Seed: "0"}, vllmTokens)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,13 +136,13 @@ func TestChainSHA256Vector(t *testing.T) {
 }
 
 func TestChainKeysRejectsBadConfig(t *testing.T) {
-	for _, cfg := range []ChainConfig{
-		{Scheme: ChainSHA256, BlockTokens: 0},
-		{Scheme: chainSchemeInvalid, BlockTokens: 16},
-		{Scheme: ChainSHA256CBOR, BlockTokens: 1, Extra: func(int) []any { return []any{1.5} }},
+	for _, cfg := range []Config{
+		{Scheme: SHA256, BlockTokens: 0},
+		{Scheme: schemeInvalid, BlockTokens: 16},
+		{Scheme: SHA256CBOR, BlockTokens: 1, Extra: func(int) []any { return []any{1.5} }},
 	} {
-		if _, err := ChainKeys(cfg, []uint32{1, 2}); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("ChainKeys(%+v) = %v, want ErrInvalidArgument", cfg, err)
+		if _, err := Keys(cfg, []uint32{1, 2}); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("Keys(%+v) = %v, want api.ErrInvalidArgument", cfg, err)
 		}
 	}
 }
@@ -149,11 +152,11 @@ func BenchmarkChainKeys(b *testing.B) {
 	for i := range tokens {
 		tokens[i] = uint32(i * 7919 % 128256)
 	}
-	for _, scheme := range []ChainScheme{ChainSHA256, ChainSHA256CBOR} {
+	for _, scheme := range []Scheme{SHA256, SHA256CBOR} {
 		b.Run(scheme.String(), func(b *testing.B) {
 			b.SetBytes(int64(len(tokens) * 4))
 			for b.Loop() {
-				if _, err := ChainKeys(ChainConfig{Scheme: scheme, BlockTokens: 16, Seed: "0"}, tokens); err != nil {
+				if _, err := Keys(Config{Scheme: scheme, BlockTokens: 16, Seed: "0"}, tokens); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -165,3 +168,15 @@ const (
 	chainSHA256Vector0 = "926526b3a230256e5e3fb4fcf006d8f0e4e72ffc89a8774a8fea2146646731b4"
 	chainSHA256Vector1 = "366e7a3d72fd721621af4ab4b29c215f58782004af66a583adb98f1185926478"
 )
+
+func TestReadTokens(t *testing.T) {
+	got, err := ReadTokens(strings.NewReader("1 2,3\n4\t5\r\n"))
+	if err != nil || len(got) != 5 || got[4] != 5 {
+		t.Fatalf("ReadTokens = %v, %v", got, err)
+	}
+	for _, bad := range []string{"1 -2", "x", "4294967296"} {
+		if _, err := ReadTokens(strings.NewReader(bad)); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("ReadTokens(%q): %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+}

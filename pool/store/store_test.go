@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"bytes"
@@ -9,9 +9,21 @@ import (
 	"time"
 
 	"github.com/cockroachdb/datadriven"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvpool/kvpool/api"
 )
+
+// testArena maps size bytes outside the Go heap, as the node's segment is
+// (the heap benchmarks must not count the arena); free unmaps them.
+func testArena(tb testing.TB, size int64) (mem []byte, free func()) {
+	tb.Helper()
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return mem, func() { unix.Munmap(mem) }
+}
 
 // TestStoreDataDriven pins the store's state machine: where reservations
 // land, what commit does with equal and different bytes, pins that outlive
@@ -21,17 +33,11 @@ func TestStoreDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata/store", func(t *testing.T, path string) {
 		var (
 			s    *Store
-			seg  *segment
 			now  time.Time
 			res  map[string]*Reservation
 			pins map[string]Pin
 			next int
 		)
-		t.Cleanup(func() {
-			if seg != nil {
-				seg.close()
-			}
-		})
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			arg := func(name string) string {
 				var v string
@@ -50,20 +56,11 @@ func TestStoreDataDriven(t *testing.T) {
 				var pages, page int
 				d.ScanArgs(t, "pages", &pages)
 				d.ScanArgs(t, "page", &page)
-				cfg := TestConfig("dd", int64(pages*page))
-				cfg.PageBytes = int64(page)
-				cfg.MaxBlockBytes = int64(pages * page)
-				cfg.ReservationTimeout = 30 * time.Second
+				cfg := Config{CapacityBytes: int64(pages * page), PageBytes: int64(page), MaxBlockBytes: int64(pages * page), ReservationTimeout: 30 * time.Second}
 				now = time.Unix(1000, 0)
-				cfg.Now = func() time.Time { return now }
-				if seg != nil {
-					seg.close()
-				}
-				var err error
-				if seg, err = openSegment("dd", "", cfg.CapacityBytes, false); err != nil {
-					t.Fatal(err)
-				}
-				s = newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
+				mem, free := testArena(t, cfg.CapacityBytes)
+				t.Cleanup(free)
+				s = New(cfg, func() time.Time { return now }, mem, nil)
 				res, pins, next = map[string]*Reservation{}, map[string]Pin{}, 0
 				return "ok"
 			case "reserve":
@@ -144,7 +141,7 @@ func TestStoreDataDriven(t *testing.T) {
 				return fmt.Sprintf("reclaimed %d", s.ReclaimExpired(now))
 			case "stats":
 				st := s.Stats()
-				if err := s.checkConsistency(); err != nil {
+				if err := s.Check(); err != nil {
 					return "INCONSISTENT: " + err.Error()
 				}
 				var b bytes.Buffer

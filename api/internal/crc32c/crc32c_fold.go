@@ -1,4 +1,4 @@
-package api
+package crc32c
 
 import (
 	"hash/crc32"

@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"crypto/sha256"
@@ -66,17 +66,14 @@ func BenchmarkMetadataPerBlock(b *testing.B) {
 }
 
 func metadataRun(b *testing.B, blocks, blockBytes int) (float64, time.Duration, uint64) {
-	cfg := TestConfig("mem", int64(blocks*blockBytes))
+	cfg := Config{CapacityBytes: int64(blocks * blockBytes)}
 	cfg.HighWatermark, cfg.LowWatermark = 1, 1 // the arena is sized exactly for the blocks: no eviction
-	seg, err := openSegment("mem", "", cfg.CapacityBytes, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer seg.close()
+	arena, free := testArena(b, cfg.CapacityBytes)
+	defer free()
 	pausesBefore := gcPauses()
 	runtime.GC()
 	before := heapBytes()
-	s := newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
+	s := New(cfg, time.Now, arena, nil)
 	tenant, ns := []byte("acme"), []byte("llama3-8b")
 	for i := range blocks {
 		key := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))

@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ import (
 // Readers Acquire a Pin and Release it when done; a pinned block keeps its
 // bytes even when removed, and its pages are freed on the last release.
 type Store struct {
-	seg *segment
+	mem []byte // the arena
 	// versions has one word per arena page, shared read-only with
 	// same-host clients: the pin handle of the live block that starts at
 	// that page, or 0. Written only under mu: set at commit, cleared at
@@ -44,7 +44,7 @@ type Store struct {
 	resTTL    time.Duration
 	now       func() time.Time
 	// sink hears of every block committed and removed, after the fact and
-	// outside mu; nil for a standalone node. Set before use.
+	// outside mu; nil for a standalone node. Set by SetSink before use.
 	sink LocationSink
 	// defaultTenant is the config of tenants without a stored policy;
 	// highWatermark and lowWatermark are fractions of the arena (see
@@ -85,6 +85,14 @@ type LocationSink interface {
 	Added(tenant, namespace, key []byte)
 	Removed(tenant, namespace, key []byte)
 }
+
+// SetSink makes sink hear of every block committed and removed from now
+// on. Call it before the store is used concurrently.
+func (s *Store) SetSink(sink LocationSink) { s.sink = sink }
+
+// VersionWords is how many version words the store keeps: one per page
+// of the arena, or 0 without shared memory.
+func (s *Store) VersionWords() int { return len(s.versions) }
 
 // namespaceTable interns (tenant, namespace) pairs into small ids and keeps
 // their usage. Names are never forgotten; MaxNamespaces bounds them.
@@ -154,9 +162,14 @@ func (p Pin) Handle() uint64 { return uint64(p.gen)<<32 | uint64(p.idx+1) }
 
 func pinFromHandle(h uint64) (idx, gen uint32) { return uint32(h) - 1, uint32(h >> 32) }
 
-func newStore(cfg *StoreConfig, now func() time.Time, seg *segment, versions []uint64) *Store {
+// New returns a store over the arena mem (cfg.CapacityBytes long) and,
+// when the node shares them with same-host clients, one version word per
+// page (else nil). cfg must be valid (Config.Validate). The store keeps
+// both until the caller unmaps them, after its last use.
+func New(cfg Config, now func() time.Time, mem []byte, versions []uint64) *Store {
+	cfg = cfg.WithDefaults()
 	s := &Store{
-		seg:       seg,
+		mem:       mem,
 		versions:  versions,
 		pageShift: uint(bits.TrailingZeros64(uint64(cfg.PageBytes))),
 		pageBytes: cfg.PageBytes,
@@ -186,7 +199,7 @@ func (s *Store) pagesFor(size int64) uint32 {
 
 func (s *Store) memAt(page uint32, size int64) []byte {
 	off := int64(page) << s.pageShift
-	return s.seg.mem[off : off+size : off+size]
+	return s.mem[off : off+size : off+size]
 }
 
 // namespaceIDLocked returns the id of (tenant, ns), creating it when create
@@ -200,7 +213,7 @@ func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error
 		return 0, api.ErrNotFound
 	}
 	if len(s.mu.ns.list) >= s.maxNS {
-		return 0, api.Errorf(api.ErrResourceExhausted, "pool: node already holds %d namespaces", s.maxNS)
+		return 0, api.Errorf(api.ErrResourceExhausted, "store: node already holds %d namespaces", s.maxNS)
 	}
 	id := uint32(len(s.mu.ns.list))
 	s.mu.ns.ids[string(s.mu.scratch)] = id
@@ -208,16 +221,13 @@ func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error
 	return id, nil
 }
 
-// validateKey checks names and key without allocating on success.
-func validateKey(tenant, ns, key []byte) error { return api.ValidateKeyBytes(tenant, ns, key) }
-
 // ValidateSize checks a value length against the node's limits.
 func (s *Store) ValidateSize(size int64) error {
 	switch {
 	case size <= 0:
-		return api.Errorf(api.ErrInvalidArgument, "pool: value size %d must be positive", size)
+		return api.Errorf(api.ErrInvalidArgument, "store: value size %d must be positive", size)
 	case size > s.maxBlock:
-		return api.Errorf(api.ErrInvalidArgument, "pool: value of %d bytes exceeds the node's max block size of %d bytes", size, s.maxBlock)
+		return api.Errorf(api.ErrInvalidArgument, "store: value of %d bytes exceeds the node's max block size of %d bytes", size, s.maxBlock)
 	}
 	return nil
 }
@@ -227,7 +237,7 @@ func (s *Store) ValidateSize(size int64) error {
 // process. Errors: ErrInvalidArgument for a bad key or size,
 // ErrResourceExhausted when no free run is long enough.
 func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*Reservation, error) {
-	if err := validateKey(tenant, ns, key); err != nil {
+	if err := api.ValidateKeyBytes(tenant, ns, key); err != nil {
 		return nil, err
 	}
 	if err := s.ValidateSize(size); err != nil {
@@ -250,7 +260,7 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 	page, ok := s.mu.alloc.alloc(pages)
 	if !ok {
 		t.rejected++
-		return nil, api.Errorf(api.ErrResourceExhausted, "pool: no room for %d bytes: %d of %d bytes free, largest free run %d bytes",
+		return nil, api.Errorf(api.ErrResourceExhausted, "store: no room for %d bytes: %d of %d bytes free, largest free run %d bytes",
 			size, s.mu.alloc.freePages<<s.pageShift, uint64(s.mu.alloc.pages)<<s.pageShift, uint64(s.mu.alloc.largestFree())<<s.pageShift)
 	}
 	s.mu.nextHandle++
@@ -324,7 +334,7 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	s.mu.Lock()
 	if s.mu.res[r.handle] != r || r.committing {
 		s.mu.Unlock()
-		return CommitResult{}, api.Errorf(api.ErrFailedPrecondition, "pool: reservation %d expired or already ended", r.handle)
+		return CommitResult{}, api.Errorf(api.ErrFailedPrecondition, "store: reservation %d expired or already ended", r.handle)
 	}
 	// From here on the sweeper leaves r alone and nobody else commits it.
 	r.committing = true
@@ -335,7 +345,7 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	}
 	if haveWant && want != crc {
 		s.Abort(r)
-		return CommitResult{}, api.Errorf(api.ErrDataLoss, "pool: value checksum %08x, client sent %08x", crc, want)
+		return CommitResult{}, api.Errorf(api.ErrDataLoss, "store: value checksum %08x, client sent %08x", crc, want)
 	}
 	s.mu.Lock()
 	if idx, ok := s.mu.idx.lookup(r.ns, r.key); ok {
@@ -357,7 +367,7 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		if same {
 			return CommitResult{Existed: true, CRC: crc}, nil
 		}
-		return CommitResult{}, api.Errorf(api.ErrAlreadyExists, "pool: key %x in %s/%s holds a different value", r.key, ni.tenant, ni.namespace)
+		return CommitResult{}, api.Errorf(api.ErrAlreadyExists, "store: key %x in %s/%s holds a different value", r.key, ni.tenant, ni.namespace)
 	}
 	idx := s.mu.idx.insert(r.ns, r.key)
 	e := s.mu.idx.entries.at(idx)
@@ -393,7 +403,7 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 func (s *Store) pinLocked(idx uint32) Pin {
 	e := s.mu.idx.entries.at(idx)
 	if e.pins == ^uint16(0) {
-		panic("pool: pin count overflow")
+		panic("store: pin count overflow")
 	}
 	e.pins++
 	return Pin{idx: idx, gen: e.gen, Mem: s.memAt(e.page, int64(e.size)), CRC: e.crc, Offset: int64(e.page) << s.pageShift}
@@ -402,7 +412,7 @@ func (s *Store) pinLocked(idx uint32) Pin {
 // Acquire pins the block under (tenant, ns, key) for reading. Errors:
 // ErrInvalidArgument, ErrNotFound.
 func (s *Store) Acquire(tenant, ns, key []byte) (Pin, error) {
-	if err := validateKey(tenant, ns, key); err != nil {
+	if err := api.ValidateKeyBytes(tenant, ns, key); err != nil {
 		return Pin{}, err
 	}
 	s.mu.Lock()
@@ -414,7 +424,7 @@ func (s *Store) Acquire(tenant, ns, key []byte) (Pin, error) {
 			t.misses++
 			t.policy.Miss(s.mu.idx.hash(nsID, key))
 		}
-		return Pin{}, api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
+		return Pin{}, api.Errorf(api.ErrNotFound, "store: no block %s/%s/%x", tenant, ns, key)
 	}
 	e := s.mu.idx.entries.at(idx)
 	t := s.mu.ns.list[e.ns].t
@@ -453,11 +463,11 @@ func (s *Store) ReleaseHandle(h uint64) error {
 
 func (s *Store) releaseLocked(idx, gen uint32) error {
 	if idx >= s.mu.idx.entries.n {
-		return api.Errorf(api.ErrInvalidArgument, "pool: no pin %d", idx)
+		return api.Errorf(api.ErrInvalidArgument, "store: no pin %d", idx)
 	}
 	e := s.mu.idx.entries.at(idx)
 	if e.gen != gen || e.pins == 0 || e.state == stateFree {
-		return api.Errorf(api.ErrInvalidArgument, "pool: pin %d.%d is not held", idx, gen)
+		return api.Errorf(api.ErrInvalidArgument, "store: pin %d.%d is not held", idx, gen)
 	}
 	e.pins--
 	if e.pins == 0 && e.state == stateDead {
@@ -482,7 +492,7 @@ func (s *Store) Remove(tenant, ns, key []byte) error { return s.RemoveForce(tena
 // RemoveForce is Remove; a block under a read lease is removed only when
 // force is set, and is otherwise ErrFailedPrecondition.
 func (s *Store) RemoveForce(tenant, ns, key []byte, force bool) error {
-	if err := validateKey(tenant, ns, key); err != nil {
+	if err := api.ValidateKeyBytes(tenant, ns, key); err != nil {
 		return err
 	}
 	if err := s.remove(tenant, ns, key, force); err != nil {
@@ -499,10 +509,10 @@ func (s *Store) remove(tenant, ns, key []byte, force bool) error {
 	defer s.mu.Unlock()
 	idx, ok := s.lookupLocked(tenant, ns, key)
 	if !ok {
-		return api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x", tenant, ns, key)
+		return api.Errorf(api.ErrNotFound, "store: no block %s/%s/%x", tenant, ns, key)
 	}
 	if until, ok := s.mu.leases[Pin{idx: idx, gen: s.mu.idx.entries.at(idx).gen}.Handle()]; ok && !force && until > s.now().UnixNano() {
-		return api.Errorf(api.ErrFailedPrecondition, "pool: block %s/%s/%x is under a read lease until %s; remove with force to override",
+		return api.Errorf(api.ErrFailedPrecondition, "store: block %s/%s/%x is under a read lease until %s; remove with force to override",
 			tenant, ns, key, time.Unix(0, until).UTC().Format(time.RFC3339Nano))
 	}
 	s.unlinkLocked(idx)
@@ -573,7 +583,7 @@ func (s *Store) ForEach(yield func(tenant, namespace string, key []byte) bool) {
 // Exists reports for each key whether the node holds it.
 func (s *Store) Exists(tenant, ns []byte, keys [][]byte) ([]bool, error) {
 	for _, k := range keys {
-		if err := validateKey(tenant, ns, k); err != nil {
+		if err := api.ValidateKeyBytes(tenant, ns, k); err != nil {
 			return nil, err
 		}
 	}
@@ -589,7 +599,7 @@ func (s *Store) Exists(tenant, ns []byte, keys [][]byte) ([]bool, error) {
 // Locate returns how many leading keys of the chain the node holds.
 func (s *Store) Locate(tenant, ns []byte, chain [][]byte) (int, error) {
 	for _, k := range chain {
-		if err := validateKey(tenant, ns, k); err != nil {
+		if err := api.ValidateKeyBytes(tenant, ns, k); err != nil {
 			return 0, err
 		}
 	}
@@ -627,8 +637,8 @@ func (s *Store) ReclaimExpired(now time.Time) int {
 	return n
 }
 
-// StoreStats is a snapshot of the store's usage.
-type StoreStats struct {
+// Stats is a snapshot of the store's usage.
+type Stats struct {
 	CapacityBytes, UsedBytes, FreeBytes, StoredBytes uint64
 	Blocks, Reservations, ReservedBytes              uint64
 	PageBytes, LargestFreeBytes                      uint64
@@ -644,11 +654,11 @@ type NamespaceStats struct {
 }
 
 // Stats returns a snapshot of usage and allocator state.
-func (s *Store) Stats() StoreStats {
+func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := s.mu.alloc
-	st := StoreStats{
+	st := Stats{
 		CapacityBytes:         uint64(a.pages) << s.pageShift,
 		FreeBytes:             a.freePages << s.pageShift,
 		StoredBytes:           s.mu.storedBytes,
@@ -670,9 +680,11 @@ func (s *Store) Stats() StoreStats {
 	return st
 }
 
-// checkConsistency verifies that the counters match a walk of the index
-// and the allocator. Tests call it after fault injection.
-func (s *Store) checkConsistency() error {
+// Check verifies that the counters match a walk of the index and the
+// allocator, and every tenant's books their policy: tests call it after
+// fault injection, and a node may at any time. It holds the lock for the
+// walk.
+func (s *Store) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.mu.alloc.checkInvariants(); err != nil {

@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"bytes"
@@ -222,7 +222,7 @@ func (x *index) unlink(idx uint32) {
 	i := e.hash & x.mask
 	for x.slots[i] != want {
 		if x.slots[i] == 0 {
-			panic(fmt.Sprintf("pool: index entry %d missing from its table", idx))
+			panic(fmt.Sprintf("store: index entry %d missing from its table", idx))
 		}
 		i = (i + 1) & x.mask
 	}

@@ -1,9 +1,11 @@
-package api
+package chain
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/kvpool/kvpool/api"
 )
 
 // appendCBOR appends the canonical CBOR (RFC 8949 §4.2.1, as Python's
@@ -52,7 +54,7 @@ func appendCBOR(b []byte, v any) ([]byte, error) {
 		}
 		return b, nil
 	default:
-		return nil, fmt.Errorf("%w: cannot encode %T as CBOR", ErrInvalidArgument, v)
+		return nil, fmt.Errorf("%w: cannot encode %T as CBOR", api.ErrInvalidArgument, v)
 	}
 }
 

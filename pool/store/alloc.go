@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"fmt"
@@ -49,7 +49,7 @@ const (
 
 func newAllocator(pages uint32) *allocator {
 	if pages == 0 || pages > maxPages {
-		panic(fmt.Sprintf("pool: allocator of %d pages", pages))
+		panic(fmt.Sprintf("store: allocator of %d pages", pages))
 	}
 	a := &allocator{
 		pages:    pages,
@@ -200,10 +200,10 @@ func (a *allocator) alloc(n uint32) (uint32, bool) {
 // REQUIRES: the run was returned by alloc(n) and is not free.
 func (a *allocator) free(start, n uint32) {
 	if n == 0 || uint64(start)+uint64(n) > uint64(a.pages) {
-		panic(fmt.Sprintf("pool: free of pages [%d, +%d) outside %d pages", start, n, a.pages))
+		panic(fmt.Sprintf("store: free of pages [%d, +%d) outside %d pages", start, n, a.pages))
 	}
 	if a.freeHead[start] != 0 || a.freeTail[start+n-1] != 0 {
-		panic(fmt.Sprintf("pool: double free of pages [%d, +%d)", start, n))
+		panic(fmt.Sprintf("store: double free of pages [%d, +%d)", start, n))
 	}
 	if start > 0 {
 		if l := a.freeTail[start-1]; l != 0 {

@@ -1,4 +1,4 @@
-package api
+package crc32c
 
 import (
 	"hash/crc32"
@@ -42,7 +42,7 @@ func TestChecksumMatchesStdlib(t *testing.T) {
 			}
 			p := buf[off : off+n]
 			for _, init := range []uint32{0, 0xdeadbeef} {
-				if got, want := UpdateChecksum(init, p), crc32.Update(init, castagnoli, p); got != want {
+				if got, want := Update(init, p), crc32.Update(init, castagnoli, p); got != want {
 					t.Fatalf("n=%d off=%d init=%08x: %08x, stdlib %08x", n, off, init, got, want)
 				}
 			}
@@ -54,7 +54,7 @@ func FuzzChecksum(f *testing.F) {
 	f.Add(uint32(0), make([]byte, 1024))
 	f.Add(uint32(7), make([]byte, 4000))
 	f.Fuzz(func(t *testing.T, init uint32, p []byte) {
-		if got, want := UpdateChecksum(init, p), crc32.Update(init, castagnoli, p); got != want {
+		if got, want := Update(init, p), crc32.Update(init, castagnoli, p); got != want {
 			t.Fatalf("len %d: %08x, stdlib %08x", len(p), got, want)
 		}
 	})
@@ -95,14 +95,14 @@ func TestCombineChecksum(t *testing.T) {
 		var crc uint32
 		prev := 0
 		for _, c := range append(cut, len(p)) {
-			crc = CombineChecksum(crc, Checksum(p[prev:c]), int64(c-prev))
+			crc = Combine(crc, Checksum(p[prev:c]), int64(c-prev))
 			prev = c
 		}
 		if want := Checksum(p); crc != want {
 			t.Fatalf("cuts %v: combined %08x, want %08x", cut, crc, want)
 		}
 	}
-	if got := CombineChecksum(Checksum([]byte("abc")), Checksum(nil), 0); got != Checksum([]byte("abc")) {
+	if got := Combine(Checksum([]byte("abc")), Checksum(nil), 0); got != Checksum([]byte("abc")) {
 		t.Fatal("combining an empty piece changed the checksum")
 	}
 }
@@ -110,7 +110,7 @@ func TestCombineChecksum(t *testing.T) {
 func FuzzCombineChecksum(f *testing.F) {
 	f.Add([]byte("hello, "), []byte("world"))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		if got, want := CombineChecksum(Checksum(a), Checksum(b), int64(len(b))), Checksum(append(append([]byte{}, a...), b...)); got != want {
+		if got, want := Combine(Checksum(a), Checksum(b), int64(len(b))), Checksum(append(append([]byte{}, a...), b...)); got != want {
 			t.Fatalf("combine(%q, %q) = %08x, want %08x", a, b, got, want)
 		}
 	})

@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"bytes"
@@ -118,13 +118,13 @@ func (s *Store) makeRoomLocked(t *tenantState, hash uint64, size int64, pages ui
 	if q := t.cfg.QuotaBytes; q > 0 {
 		if size > q {
 			t.rejected++
-			return api.Errorf(api.ErrResourceExhausted, "pool: a %d-byte block exceeds tenant %s's quota of %d bytes", size, t.name, q)
+			return api.Errorf(api.ErrResourceExhausted, "store: a %d-byte block exceeds tenant %s's quota of %d bytes", size, t.name, q)
 		}
 		need := func() int64 { return t.storedBytes + t.reservedBytes + size }
 		if float64(need()) > t.cfg.High*float64(q) && !s.noEviction {
 			if victim, ok := t.policy.Victim(now, s.heldLocked(now)); ok && need() > q && !t.policy.Admit(eviction.Block{Hash: hash, Bytes: size}, victim) {
 				t.rejected++
-				return api.Errorf(api.ErrResourceExhausted, "pool: tenant %s is at its quota and its %s policy did not admit the block: it is used less than what it would evict", t.name, t.cfg.Policy)
+				return api.Errorf(api.ErrResourceExhausted, "store: tenant %s is at its quota and its %s policy did not admit the block: it is used less than what it would evict", t.name, t.cfg.Policy)
 			}
 			low := int64(t.cfg.Low * float64(q))
 			for need() > low && s.evictLocked(t, now, out) {
@@ -133,7 +133,7 @@ func (s *Store) makeRoomLocked(t *tenantState, hash uint64, size int64, pages ui
 		}
 		if need() > q {
 			t.rejected++
-			return api.Errorf(api.ErrResourceExhausted, "pool: tenant %s would exceed its quota of %d bytes (%d stored, %d reserved); the rest is leased or being read",
+			return api.Errorf(api.ErrResourceExhausted, "store: tenant %s would exceed its quota of %d bytes (%d stored, %d reserved); the rest is leased or being read",
 				t.name, q, t.storedBytes, t.reservedBytes)
 		}
 	}
@@ -154,7 +154,7 @@ func (s *Store) makeRoomLocked(t *tenantState, hash uint64, size int64, pages ui
 	}
 	if a.largestFree() < pages {
 		t.rejected++
-		return api.Errorf(api.ErrResourceExhausted, "pool: no room for %d bytes: %d of %d bytes free, largest free run %d bytes; what remains is within tenants' quotas, leased or being read",
+		return api.Errorf(api.ErrResourceExhausted, "store: no room for %d bytes: %d of %d bytes free, largest free run %d bytes; what remains is within tenants' quotas, leased or being read",
 			size, a.freePages<<s.pageShift, uint64(a.pages)<<s.pageShift, uint64(a.largestFree())<<s.pageShift)
 	}
 	return nil
@@ -251,7 +251,7 @@ func (s *Store) TenantStats() []TenantStats {
 // keys are present and when the lease ends.
 func (s *Store) Lease(tenant, ns []byte, keys [][]byte, d time.Duration) (int, time.Time, error) {
 	for _, k := range keys {
-		if err := validateKey(tenant, ns, k); err != nil {
+		if err := api.ValidateKeyBytes(tenant, ns, k); err != nil {
 			return 0, time.Time{}, err
 		}
 	}

@@ -1,9 +1,10 @@
-package pool
+package store
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // BenchmarkFragmentation measures how much of the arena is usable under
@@ -41,15 +42,11 @@ func BenchmarkFragmentation(b *testing.B) {
 }
 
 func churn(b *testing.B, size func(*rand.Rand) int64) (occupancy, ext, internal float64) {
-	cfg := TestConfig("frag", 1<<30)
-	cfg.MaxBlockBytes = 8 << 20
+	cfg := Config{CapacityBytes: 1 << 30, MaxBlockBytes: 8 << 20}
 	cfg.DisableEviction = true // this measures the allocator: the churn evicts
-	seg, err := openSegment("frag", "", cfg.CapacityBytes, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer seg.close()
-	s := newStore(&cfg.StoreConfig, cfg.Now, seg, nil)
+	arena, free := testArena(b, cfg.CapacityBytes)
+	defer free()
+	s := New(cfg, time.Now, arena, nil)
 	r := rand.New(rand.NewPCG(7, 7))
 	var keys [][]byte
 	next := 0
@@ -91,7 +88,7 @@ func churn(b *testing.B, size func(*rand.Rand) int64) (occupancy, ext, internal 
 			removeRandom()
 		}
 	}
-	if err := s.checkConsistency(); err != nil {
+	if err := s.Check(); err != nil {
 		b.Fatal(err)
 	}
 	return occSum / float64(failures), extSum / float64(failures), s.Stats().InternalFragmentation

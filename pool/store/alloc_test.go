@@ -1,4 +1,4 @@
-package pool
+package store
 
 import (
 	"encoding/binary"

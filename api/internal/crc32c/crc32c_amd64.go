@@ -1,4 +1,4 @@
-package api
+package crc32c
 
 import "golang.org/x/sys/cpu"
 

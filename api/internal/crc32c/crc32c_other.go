@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package crc32c
+
+const hasFoldCRC = false
+
+func foldCRC(crc uint32, p []byte) uint32 { panic("crc32c: no folding CRC on this architecture") }

@@ -49,11 +49,11 @@ done
 kill $pid; wait $pid 2>/dev/null || true
 
 echo "== metadata per block and GC pauses, 1M blocks of 4 KiB"
-go test -run x -bench MetadataPerBlock -benchtime 1x ./pool | grep Benchmark
+go test -run x -bench MetadataPerBlock -benchtime 1x ./pool/store | grep Benchmark
 echo "== allocator under churn"
-go test -run x -bench Fragmentation -benchtime 1x ./pool | grep Benchmark
+go test -run x -bench Fragmentation -benchtime 1x ./pool/store | grep Benchmark
 echo "== CRC-32C"
-go test -run x -bench Checksum ./api | grep Benchmark
+go test -run x -bench Checksum ./api/internal/crc32c | grep Benchmark
 echo "== cluster metadata: publication, mirror lag, Locate, mirror memory"
 go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Benchmark
 go test -run x -bench 'Locate$' ./metadata | grep Benchmark

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvpool/kvpool/internal/deptest"
 )
 
 // These tests run the command line in this process, through run(): flags,
@@ -116,8 +114,4 @@ func serve(t *testing.T, args ...string) *served {
 		t.Fatal("node serve did not start within 30 s")
 	}
 	return s
-}
-
-func TestDeps(t *testing.T) {
-	deptest.Check(t, deptest.Rules{Forbidden: []string{"github.com/kvpool/kvpool/test/..."}})
 }

@@ -15,7 +15,7 @@ import (
 // in exactly one package comment (a second one drifts out of date; none
 // leaves a newcomer guessing). Generated code is exempt.
 func TestEveryPackageHasOneDoc(t *testing.T) {
-	out, err := exec.Command(goTool(), "list", "-f", "{{.ImportPath}} {{.Dir}}", "github.com/kvpool/kvpool/...").Output()
+	out, err := exec.Command(GoTool(), "list", "-f", "{{.ImportPath}} {{.Dir}}", "github.com/kvpool/kvpool/...").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}

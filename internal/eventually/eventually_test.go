@@ -5,8 +5,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/kvpool/kvpool/internal/deptest"
 )
 
 // TestWithin runs on synctest's fake clock: the waits take no real time,
@@ -29,8 +27,4 @@ func TestWithin(t *testing.T) {
 			t.Fatalf("gave up after %v, want the 1m deadline", el)
 		}
 	})
-}
-
-func TestDeps(t *testing.T) {
-	deptest.Check(t, deptest.Rules{OnlyModules: []string{"github.com/kvpool/kvpool/internal/eventually", "github.com/kvpool/kvpool/internal/deptest"}})
 }

@@ -8,8 +8,6 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-
-	"github.com/kvpool/kvpool/internal/deptest"
 )
 
 func TestRead(t *testing.T) {
@@ -68,8 +66,4 @@ func TestArm64ReadFencesBeforeRecheck(t *testing.T) {
 	if err != nil || !strings.Contains(string(asm), "DMB\t$0x9") {
 		t.Fatalf("fence_arm64.s does not issue DMB ISHLD: %v", err)
 	}
-}
-
-func TestDeps(t *testing.T) {
-	deptest.Check(t, deptest.Rules{OnlyModules: []string{}})
 }

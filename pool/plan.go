@@ -13,23 +13,10 @@ import (
 )
 
 // PlanQuery asks where a request for a chain should run, and whether that
-// node should fetch or recompute the prefix it lacks.
-type PlanQuery struct {
-	Tenant, Namespace string
-	// Keys is the request's prefix chain, in order.
-	Keys [][]byte
-	// Model is a profile name; empty means Config.Model.
-	Model string
-	// BlockTokens is tokens per key; 0 means Config.BlockTokens.
-	BlockTokens int
-	// PromptTokens is the prompt's length; 0 means Keys × BlockTokens.
-	PromptTokens int
-	// LinkBytesPerSecond, when positive, replaces every link's measured
-	// bandwidth (a what-if); the measured rtt stays.
-	LinkBytesPerSecond float64
-	// Candidates are the nodes that may serve; nil means every live node.
-	Candidates []string
-}
+// node should fetch or recompute the prefix it lacks: the client's
+// PlanRequest, whose zero Model and BlockTokens mean Config.Model and
+// Config.BlockTokens.
+type PlanQuery = api.PlanRequest
 
 // PlanAnswer is the cost model's answer with what it rested on.
 type PlanAnswer struct {

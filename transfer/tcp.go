@@ -460,7 +460,7 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 		case s.kind == Read:
 			var err error
 			if s.op.checksum {
-				s.crc, err = readPiecesCRC(br, s.local)
+				s.crc, err = api.ReadChecksummed(br, s.local) // checksummed while each piece is in cache
 			} else {
 				_, err = readPieces(br, s.local)
 			}
@@ -491,25 +491,6 @@ func readPieces(r io.Reader, dst []byte) (int, error) {
 		}
 	}
 	return off, nil
-}
-
-// readPiecesCRC is readPieces that also returns the CRC-32C of dst,
-// computed piece by piece while each is in cache.
-func readPiecesCRC(r io.Reader, dst []byte) (uint32, error) {
-	var crc uint32
-	off := 0
-	for off < len(dst) {
-		k, err := r.Read(dst[off:min(off+64<<10, len(dst))])
-		crc = api.UpdateChecksum(crc, dst[off:off+k])
-		off += k
-		if err != nil && off < len(dst) {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return 0, err
-		}
-	}
-	return crc, nil
 }
 
 // ServeConn serves a peer's requests on c, after its preamble, until the

@@ -61,53 +61,43 @@ type (
 
 func blockPutCmd(e *env) *cobra.Command {
 	var f clientFlags
-	var key, file string
+	var file string
+	var value []byte
 	c := &cobra.Command{
 		Use:   "put",
 		Short: "Store one block read from --file or stdin",
 		Example: `  kvpool block put --tenant acme --namespace llama3-8b --key block-0 --file kv.bin
   head -c 2097152 /dev/urandom | kvpool block put --tenant acme --namespace m --hex --key 00ff`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			bk, err := f.blockKey(key)
-			if err != nil {
-				return err
-			}
-			var value []byte
-			if file == "" || file == "-" {
-				value, err = io.ReadAll(e.stdin)
-			} else {
-				value, err = os.ReadFile(file)
-			}
-			if err != nil {
-				return err
-			}
-			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				res, err := c.PutResult(ctx, bk, value)
-				if err != nil {
-					return err
-				}
-				if f.asJSON {
-					return printJSON(e.stdout, putJSON{Key: hex.EncodeToString(bk.Key), Bytes: len(value), CRC32C: res.CRC, Existed: res.Existed, Path: c.Path().String()})
-				}
-				verb := "stored"
-				if res.Existed {
-					verb = "already held"
-				}
-				fmt.Fprintf(e.stdout, "%s %d bytes as %s (crc32c %08x, via %s)\n", verb, len(value), bk, res.CRC, c.Path())
-				return nil
-			})
-		},
 	}
-	f.register(c, true, 30*time.Second)
-	c.Flags().StringVar(&key, "key", "", "block key (text, or hex with --hex) (required)")
+	read := func() (err error) {
+		if file == "" || file == "-" {
+			value, err = io.ReadAll(e.stdin)
+		} else {
+			value, err = os.ReadFile(file)
+		}
+		return err
+	}
 	c.Flags().StringVar(&file, "file", "", "read the value from this file (default stdin)")
-	return c
+	return oneKeyCmd(c, &f, read, func(ctx context.Context, c *api.Client, bk api.BlockKey) error {
+		res, err := c.PutResult(ctx, bk, value)
+		if err != nil {
+			return err
+		}
+		if f.asJSON {
+			return printJSON(e.stdout, putJSON{Key: hex.EncodeToString(bk.Key), Bytes: len(value), CRC32C: res.CRC, Existed: res.Existed, Path: c.Path().String()})
+		}
+		verb := "stored"
+		if res.Existed {
+			verb = "already held"
+		}
+		fmt.Fprintf(e.stdout, "%s %d bytes as %s (crc32c %08x, via %s)\n", verb, len(value), bk, res.CRC, c.Path())
+		return nil
+	})
 }
 
 func blockGetCmd(e *env) *cobra.Command {
 	var f clientFlags
-	var key, file string
+	var file string
 	c := &cobra.Command{
 		Use:   "get",
 		Short: "Fetch one block to stdout or --file",
@@ -116,42 +106,32 @@ it prints the block's size and checksum instead, and the bytes in base64 unless
 --file is given.`,
 		Example: `  kvpool block get --tenant acme --namespace llama3-8b --key block-0 > kv.bin
   kvpool block get --tenant acme --namespace m --hex --key 00ff --file out.bin --json`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			bk, err := f.blockKey(key)
-			if err != nil {
+	}
+	c.Flags().StringVar(&file, "file", "", "write the value to this file instead of stdout")
+	return oneKeyCmd(c, &f, nil, func(ctx context.Context, c *api.Client, bk api.BlockKey) error {
+		v, err := c.GetValue(ctx, bk)
+		if err != nil {
+			return err
+		}
+		if file != "" {
+			if err := os.WriteFile(file, v, 0o644); err != nil {
 				return err
 			}
-			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				v, err := c.GetValue(ctx, bk)
-				if err != nil {
-					return err
-				}
-				if file != "" {
-					if err := os.WriteFile(file, v, 0o644); err != nil {
-						return err
-					}
-				}
-				if f.asJSON {
-					out := getJSON{Key: hex.EncodeToString(bk.Key), Bytes: len(v), CRC32C: api.Checksum(v), Path: c.Path().String(), File: file}
-					if file == "" {
-						out.ValueBase64 = base64.StdEncoding.EncodeToString(v)
-					}
-					return printJSON(e.stdout, out)
-				}
-				if file == "" {
-					_, err = e.stdout.Write(v)
-					return err
-				}
-				fmt.Fprintf(e.stderr, "wrote %d bytes to %s\n", len(v), file)
-				return nil
-			})
-		},
-	}
-	f.register(c, true, 30*time.Second)
-	c.Flags().StringVar(&key, "key", "", "block key (text, or hex with --hex) (required)")
-	c.Flags().StringVar(&file, "file", "", "write the value to this file instead of stdout")
-	return c
+		}
+		if f.asJSON {
+			out := getJSON{Key: hex.EncodeToString(bk.Key), Bytes: len(v), CRC32C: api.Checksum(v), Path: c.Path().String(), File: file}
+			if file == "" {
+				out.ValueBase64 = base64.StdEncoding.EncodeToString(v)
+			}
+			return printJSON(e.stdout, out)
+		}
+		if file == "" {
+			_, err = e.stdout.Write(v)
+			return err
+		}
+		fmt.Fprintf(e.stderr, "wrote %d bytes to %s\n", len(v), file)
+		return nil
+	})
 }
 
 func blockExistsCmd(e *env) *cobra.Command {
@@ -192,36 +172,44 @@ func blockExistsCmd(e *env) *cobra.Command {
 
 func blockRemoveCmd(e *env) *cobra.Command {
 	var f clientFlags
-	var key string
 	var force bool
-	c := &cobra.Command{
-		Use:   "remove",
-		Short: "Delete one block",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			bk, err := f.blockKey(key)
-			if err != nil {
-				return err
-			}
-			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				remove := c.Remove
-				if force {
-					remove = c.RemoveForce
-				}
-				if err := remove(ctx, bk); err != nil {
-					return err
-				}
-				if f.asJSON {
-					return printJSON(e.stdout, removeJSON{Key: hex.EncodeToString(bk.Key), Removed: true})
-				}
-				fmt.Fprintf(e.stdout, "removed %s\n", bk)
-				return nil
-			})
-		},
+	c := &cobra.Command{Use: "remove", Short: "Delete one block"}
+	c.Flags().BoolVar(&force, "force", false, "remove the block even under a read lease")
+	return oneKeyCmd(c, &f, nil, func(ctx context.Context, c *api.Client, bk api.BlockKey) error {
+		remove := c.Remove
+		if force {
+			remove = c.RemoveForce
+		}
+		if err := remove(ctx, bk); err != nil {
+			return err
+		}
+		if f.asJSON {
+			return printJSON(e.stdout, removeJSON{Key: hex.EncodeToString(bk.Key), Removed: true})
+		}
+		fmt.Fprintf(e.stdout, "removed %s\n", bk)
+		return nil
+	})
+}
+
+// oneKeyCmd completes c, a command on the one block named by --tenant,
+// --namespace and --key: it adds the client flags and --key, checks them
+// first, then runs read (when not nil: put reads its value there), so bad
+// input fails before any node is dialed, and then run on a client.
+func oneKeyCmd(c *cobra.Command, f *clientFlags, read func() error, run func(ctx context.Context, c *api.Client, bk api.BlockKey) error) *cobra.Command {
+	var key string
+	c.Args = noArgs
+	c.RunE = func(cmd *cobra.Command, _ []string) error {
+		bk, err := f.blockKey(key)
+		if err == nil && read != nil {
+			err = read()
+		}
+		if err != nil {
+			return err
+		}
+		return f.withClient(cmd, func(ctx context.Context, c *api.Client) error { return run(ctx, c, bk) })
 	}
 	f.register(c, true, 30*time.Second)
 	c.Flags().StringVar(&key, "key", "", "block key (text, or hex with --hex) (required)")
-	c.Flags().BoolVar(&force, "force", false, "remove the block even under a read lease")
 	return c
 }
 

@@ -19,18 +19,18 @@ print("%-4s %-5s %8d B  clients %d  %6.2f GB/s  p50 %.3f ms  p99 %.3f ms  %s %6.
 
 echo "== data channel vs raw TCP (in-process node, 2 MiB)"
 for op in get put; do for c in 1 4; do
-  "$bin" bench --op "$op" --clients "$c" --block-size 2MiB --duration 3s --rounds 5 --json --quiet | summary
+  "$bin" node bench --op "$op" --clients "$c" --block-size 2MiB --duration 3s --rounds 5 --json --quiet | summary
 done; done
 
 echo "== shared memory vs memcpy (in-process node, 2 MiB)"
 for c in 1 4; do
-  "$bin" bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
-  "$bin" bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
+  "$bin" node bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+  "$bin" node bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
 done
 
 echo "== shared memory vs memcpy (node in its own process, 2 MiB)"
 sock=$(mktemp -u /tmp/kvpool-bench-XXXX.sock)
-"$bin" serve --capacity 1GiB --node-id benchnode --listen 127.0.0.1:0 --metrics-listen "" --shm-socket "$sock" --log-format json 2> "$sock.log" &
+"$bin" node serve --capacity 1GiB --node-id benchnode --listen 127.0.0.1:0 --metrics-listen "" --shm-socket "$sock" --log-format json 2> "$sock.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q '"listen"' "$sock.log" 2>/dev/null && break; sleep 0.1; done
@@ -39,12 +39,12 @@ for l in open(sys.argv[1]):
     r=json.loads(l)
     if r.get("msg")=="kvpool node starting": print(r["listen"])' "$sock.log")
 for c in 1 4; do
-  "$bin" bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
-  "$bin" bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
+  "$bin" node bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+  "$bin" node bench --server "$addr" --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --no-location-cache --json --quiet | summary
 done
 echo "== data channel vs the node's own source/sink frames (node in its own process, 2 MiB)"
 for op in get put; do
-  "$bin" bench --server "$addr" --op "$op" --clients 1 --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
+  "$bin" node bench --server "$addr" --op "$op" --clients 1 --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary
 done
 kill $pid; wait $pid 2>/dev/null || true
 
@@ -59,11 +59,11 @@ go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Ben
 go test -run x -bench 'Locate$' ./metadata | grep Benchmark
 go test -run x -bench ClusterLocateRPC -benchtime 1x ./test | grep Benchmark
 echo "== transfers between two nodes: bench --remote (fetch) vs raw TCP / memcpy, 2 MiB blocks"
-"$bin" bench --remote --transport tcp --rounds 5 --duration 3s --json --quiet | summary
-"$bin" bench --remote --transport tcp --chain-blocks 64 --rounds 5 --duration 3s --json --quiet | summary
-"$bin" bench --remote --transport tcp --clients 2 --rounds 5 --duration 3s --json --quiet | summary
-"$bin" bench --remote --transport grpc --rounds 3 --duration 3s --json --quiet | summary
-"$bin" bench --remote --transport shm --rounds 3 --duration 3s --json --quiet | summary
+"$bin" node bench --remote --transport tcp --rounds 5 --duration 3s --json --quiet | summary
+"$bin" node bench --remote --transport tcp --chain-blocks 64 --rounds 5 --duration 3s --json --quiet | summary
+"$bin" node bench --remote --transport tcp --clients 2 --rounds 5 --duration 3s --json --quiet | summary
+"$bin" node bench --remote --transport grpc --rounds 3 --duration 3s --json --quiet | summary
+"$bin" node bench --remote --transport shm --rounds 3 --duration 3s --json --quiet | summary
 echo "== transports: grpc (raw codec) vs stock protobuf gRPC; tcp striping 2 vs 1 connection"
 go test -run x -bench 'GRPCTransport|Striping' -benchtime 1x ./transfer | grep Benchmark
 echo "== against Redis"

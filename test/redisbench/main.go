@@ -185,10 +185,10 @@ func waitTCP(addr string) error {
 	return fmt.Errorf("%s did not accept connections within 10 s", addr)
 }
 
-// startKvpool runs `kvpool serve` in its own process; the load generator
+// startKvpool runs `kvpool node serve` in its own process; the load generator
 // (another process) reaches it over TCP or through its shm socket.
 func startKvpool(ctx context.Context, bin, shm string) (*exec.Cmd, string, error) {
-	cmd := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--capacity", "4GiB",
+	cmd := exec.CommandContext(ctx, bin, "node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--capacity", "4GiB",
 		"--node-id", "redisbench", "--shm-socket", shm, "--log-format", "json")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -244,7 +244,7 @@ type benchResult struct {
 }
 
 func kvpoolBench(ctx context.Context, bin, addr, path, op string, size, clients int, d time.Duration) (benchResult, error) {
-	out, err := exec.CommandContext(ctx, bin, "bench", "--server", addr, "--path", path, "--op", op, "--block-size", strconv.Itoa(size),
+	out, err := exec.CommandContext(ctx, bin, "node", "bench", "--server", addr, "--path", path, "--op", op, "--block-size", strconv.Itoa(size),
 		"--clients", strconv.Itoa(clients), "--duration", d.String(), "--no-baseline", "--quiet", "--json").Output()
 	if err != nil {
 		var ee *exec.ExitError

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	"github.com/kvpool/kvpool/api/wire"
 )
 
@@ -302,7 +300,7 @@ func isRemote(err error) bool {
 
 // wireConfig makes the data channel report node errors through the one
 // table (FromCode), as every other edge does.
-var wireConfig = wire.ConnConfig{Status: func(code uint8, msg string) error { return FromCode(codes.Code(code), msg) }}
+var wireConfig = wire.ConnConfig{Status: FromWireStatus}
 
 func keyRequest(op wire.Op, k BlockKey) wire.Request {
 	return wire.Request{Op: op, Tenant: []byte(k.Tenant), Namespace: []byte(k.Namespace), Key: k.Key}

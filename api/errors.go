@@ -110,6 +110,11 @@ func FromCode(code codes.Code, msg string) error {
 	return &RemoteError{Code: code, Msg: msg, sentinel: sentinel}
 }
 
+// FromWireStatus is FromCode for the data channel's status byte: what a
+// wire.Conn's ConnConfig.Status should be, so refusals on the data channel
+// arrive as the same sentinel errors as over gRPC.
+func FromWireStatus(code uint8, msg string) error { return FromCode(codes.Code(code), msg) }
+
 // RemoteError is an error reported by a node. It unwraps to the matching
 // sentinel error.
 type RemoteError struct {

@@ -105,7 +105,15 @@ func recv(ctx context.Context, c *wire.Conn, what string) (*wire.Response, error
 }
 
 func (p *dataPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, error) {
+	v, _, err := p.read(ctx, k, dst, l)
+	return v, err
+}
+
+// read is get that also returns the value's checksum, verified against
+// the node's.
+func (p *dataPath) read(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, uint32, error) {
 	var v []byte
+	var crc uint32
 	err := p.withConn(ctx, func(c *wire.Conn) (err error) {
 		defer c.Bind(ctx)()
 		r := keyRequest(wire.OpGet, k)
@@ -135,8 +143,7 @@ func (p *dataPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]
 			}
 			return shortBuffer(len(dst), n)
 		}
-		crc, err := ReadChecksummed(c, dst[:n])
-		if err != nil {
+		if crc, err = ReadChecksummed(c, dst[:n]); err != nil {
 			return ioError(ctx, "get", err)
 		}
 		if crc != want {
@@ -145,19 +152,20 @@ func (p *dataPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]
 		v = dst[:n]
 		return nil
 	})
-	return v, err
+	return v, crc, err
 }
 
 func (p *dataPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) {
-	return copyView(p.get(ctx, k, nil, l))
+	return copyView(p.read(ctx, k, nil, l))
 }
 
-// copyView is a View of a copy, for paths without shared memory.
-func copyView(v []byte, err error) (*View, error) {
+// copyView is a View of a copy, for paths without shared memory; crc was
+// verified while the copy was received.
+func copyView(v []byte, crc uint32, err error) (*View, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &View{mem: v, crc: Checksum(v)}, nil
+	return &View{mem: v, crc: crc}, nil
 }
 
 func (p *dataPath) reserve(_ context.Context, k BlockKey, size int) (*Reservation, error) {

@@ -51,26 +51,33 @@ func (p *grpcPath) put(ctx context.Context, k BlockKey, value []byte, copies uin
 }
 
 func (p *grpcPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, error) {
+	v, _, err := p.read(ctx, k, dst, l)
+	return v, err
+}
+
+// read is get that also returns the value's checksum, verified against
+// the node's.
+func (p *grpcPath) read(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, uint32, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := p.rpc.Get(ctx, &kvpoolv1.GetRequest{Key: protoKey(k), LeaseMs: l.ms, Lease: l.on})
 	if err != nil {
-		return nil, FromStatus(err)
+		return nil, 0, FromStatus(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return nil, FromStatus(err)
+		return nil, 0, FromStatus(err)
 	}
 	info := first.GetInfo()
 	if info == nil {
-		return nil, fmt.Errorf("%w: client: get stream did not start with block info", ErrInternal)
+		return nil, 0, fmt.Errorf("%w: client: get stream did not start with block info", ErrInternal)
 	}
 	n := info.GetSizeBytes()
 	if dst == nil {
 		dst = make([]byte, n)
 	}
 	if uint64(len(dst)) < n {
-		return nil, shortBuffer(len(dst), n)
+		return nil, 0, shortBuffer(len(dst), n)
 	}
 	dst = dst[:n]
 	off := 0
@@ -80,25 +87,26 @@ func (p *grpcPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]
 			break
 		}
 		if err != nil {
-			return nil, FromStatus(err)
+			return nil, 0, FromStatus(err)
 		}
 		chunk := m.GetChunk()
 		if len(chunk) > len(dst)-off {
-			return nil, fmt.Errorf("%w: client: get stream longer than its %d-byte block", ErrDataLoss, n)
+			return nil, 0, fmt.Errorf("%w: client: get stream longer than its %d-byte block", ErrDataLoss, n)
 		}
 		off += copy(dst[off:], chunk)
 	}
 	if off != len(dst) {
-		return nil, fmt.Errorf("%w: client: get stream carried %d of %d bytes", ErrDataLoss, off, n)
+		return nil, 0, fmt.Errorf("%w: client: get stream carried %d of %d bytes", ErrDataLoss, off, n)
 	}
-	if crc := Checksum(dst); crc != info.GetCrc32C() {
-		return nil, fmt.Errorf("%w: client: %s: received bytes have CRC %08x, the node stored %08x", ErrDataLoss, k, crc, info.GetCrc32C())
+	crc := Checksum(dst)
+	if crc != info.GetCrc32C() {
+		return nil, 0, fmt.Errorf("%w: client: %s: received bytes have CRC %08x, the node stored %08x", ErrDataLoss, k, crc, info.GetCrc32C())
 	}
-	return dst, nil
+	return dst, crc, nil
 }
 
 func (p *grpcPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) {
-	return copyView(p.get(ctx, k, nil, l))
+	return copyView(p.read(ctx, k, nil, l))
 }
 
 func (p *grpcPath) reserve(_ context.Context, k BlockKey, size int) (*Reservation, error) {

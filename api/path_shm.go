@@ -36,8 +36,8 @@ type shmPath struct {
 		unmapped bool
 	}
 	mem []byte
-	// versions mirrors pool.Store.versions (read-only): for each page, the
-	// pin handle of the live block starting there, or 0.
+	// versions mirrors the node store's version words (read-only): for
+	// each page, the pin handle of the live block starting there, or 0.
 	versions    []uint64
 	versionsMap []byte
 
@@ -124,8 +124,7 @@ func readHello(uc *net.UnixConn, wantNode string) (*shmPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: client: map segment of %d bytes: %v", ErrUnavailable, h.SegmentBytes, err)
 	}
-	verBytes := int(h.VersionWords*8+4095) &^ 4095
-	vmem, err := unix.Mmap(verFD, 0, verBytes, unix.PROT_READ, unix.MAP_SHARED)
+	vmem, err := unix.Mmap(verFD, 0, int(wire.VersionSegmentBytes(h.VersionWords)), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("%w: client: map version words: %v", ErrUnavailable, err)

@@ -204,7 +204,7 @@ func (d *dataConn) handle() error {
 		}
 		delete(d.sess.res, r.Handle)
 		cr, err := st.Commit(res, 0, false, r.CRC, r.Flags&wire.FlagChecksum != 0)
-		if err == nil {
+		if err == nil && r.Replicas > 1 {
 			tenant, namespace, key := res.Name()
 			err = d.replicate([]byte(tenant), []byte(namespace), key)
 		}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
@@ -78,8 +77,8 @@ func newPeerPool() *wire.Pool {
 }
 
 // peerWire makes a peer's refusals arrive as the same sentinel errors as
-// everywhere else (api.FromCode, the one table).
-var peerWire = wire.ConnConfig{Status: func(code uint8, msg string) error { return api.FromCode(codes.Code(code), msg) }}
+// everywhere else (the one table).
+var peerWire = wire.ConnConfig{Status: api.FromWireStatus}
 
 // Fetch makes the blocks under keys local. Each missing key is pulled from
 // the live holder with the best measured link: the holder pins it (its
@@ -184,6 +183,7 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	// Reserve local space and read the bytes into it.
 	ops := make([]transfer.Op, 0, len(items))
 	res := make([]*store.Reservation, len(items))
+	t, ns := []byte(tenant), []byte(namespace)
 	opOf := make([]int, len(items))
 	for k, p := range pins {
 		opOf[k] = -1
@@ -191,7 +191,7 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 			errs[k] = p.err
 			continue
 		}
-		r, err := f.store.Reserve([]byte(tenant), []byte(namespace), keys[items[k]], int64(p.size), true)
+		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(p.size), true)
 		if err != nil {
 			errs[k] = err
 			continue
@@ -256,8 +256,9 @@ type peerPin struct {
 // error; the error returned is the connection's.
 func pinOn(ctx context.Context, pc *wire.Conn, tenant, namespace string, keys [][]byte, items []int) ([]peerPin, error) {
 	defer pc.Bind(ctx)()
+	t, ns := []byte(tenant), []byte(namespace)
 	for _, i := range items {
-		pc.Queue(&wire.Request{Op: wire.OpView, Tenant: []byte(tenant), Namespace: []byte(namespace), Key: keys[i]})
+		pc.Queue(&wire.Request{Op: wire.OpView, Tenant: t, Namespace: ns, Key: keys[i]})
 	}
 	if err := pc.Flush(nil); err != nil {
 		return nil, err
@@ -323,8 +324,9 @@ func validateChain(tenant, namespace string, keys [][]byte) error {
 	if len(keys) > 1<<16 {
 		return api.Errorf(api.ErrInvalidArgument, "pool: chain of %d keys; at most 65536", len(keys))
 	}
+	t, ns := []byte(tenant), []byte(namespace)
 	for _, k := range keys {
-		if err := api.ValidateKeyBytes([]byte(tenant), []byte(namespace), k); err != nil {
+		if err := api.ValidateKeyBytes(t, ns, k); err != nil {
 			return err
 		}
 	}

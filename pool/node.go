@@ -42,7 +42,7 @@ type Node struct {
 	cfg      Config
 	log      *slog.Logger // scoped with the node's id; components add their name
 	seg      *segment
-	versions *segment // see Store.versions; nil without shared memory
+	versions *segment // the store's version words (store.New); nil without shared memory
 	store    *store.Store
 	metrics  *metrics
 	hostID   string
@@ -89,7 +89,7 @@ func New(cfg Config) (*Node, error) {
 	var words []uint64
 	if !cfg.DisableShm {
 		pages := cfg.CapacityBytes / cfg.PageBytes
-		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", (pages*8+4095)&^4095, false); err != nil {
+		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
 		words = n.versions.words()[:pages]

@@ -144,7 +144,6 @@ func runConformance(t *testing.T, newPair factory) {
 	t.Run("writes land and read back", func(t *testing.T) {
 		mem := make([]byte, 4<<20)
 		p := newPair(t, mem)
-		mem = p.mem // the region as the peer holds it
 		data := pattern(3<<20+17, 3)
 		if err := p.client.Submit(ctx, []Op{{Kind: Write, Peer: p.peer, Region: 7, Offset: 100, Local: data}}).Wait(ctx); err != nil {
 			t.Fatal(err)

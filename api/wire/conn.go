@@ -24,12 +24,11 @@ import (
 // FlagClose, the stream is out of step and Usable reports false; the
 // caller must close the Conn rather than reuse it.
 type Conn struct {
-	nc      net.Conn
-	br      *bufio.Reader
-	out     []byte
-	vec     net.Buffers
-	resp    Response
-	trailer [TrailerBytes]byte
+	nc   net.Conn
+	br   *bufio.Reader
+	out  []byte
+	vec  net.Buffers
+	resp Response
 	// status turns a non-OK response into the caller's error.
 	status func(code uint8, msg string) error
 	// closing is set when the node announced it closes the connection;
@@ -102,8 +101,8 @@ func (c *Conn) Close() error { return c.nc.Close() }
 // the node did not announce that it closes the connection.
 func (c *Conn) Usable() bool { return !c.failed && !c.closing }
 
-// Reset clears the closing flag before the Conn is handed to its next
-// caller (a Pool does it).
+// reset clears the closing flag and any unsent requests before the Conn
+// is handed to its next caller (Pool.Get does it).
 func (c *Conn) reset() { c.closing = false; c.out = c.out[:0] }
 
 // Bind applies ctx's deadline to the connection, and its cancellation

@@ -343,13 +343,18 @@ func DecodeTrailer(t []byte) (uint32, error) {
 
 // Hello is what a node sends first on a unix-socket connection, together
 // with two file descriptors: the segment, and the version words (one
-// uint64 per page, read-only for clients; see pool.Store).
+// uint64 per page, read-only for clients; see store.New).
 type Hello struct {
 	SegmentBytes uint64
 	PageBytes    uint32
 	VersionWords uint64
 	NodeID       string
 }
+
+// VersionSegmentBytes is the size of the version words' segment holding
+// words words: rounded up to 4 KiB pages, so node and client map the same
+// length.
+func VersionSegmentBytes(words uint64) uint64 { return (words*8 + 4095) &^ 4095 }
 
 const (
 	helloMagic = "KVPS"

@@ -361,6 +361,7 @@ func (s *kvService) Stats(context.Context, *kvpoolv1.StatsRequest) (*kvpoolv1.St
 		MemoryLocked:          s.memoryLocked,
 		Tenants:               tenantStatsProto(s.store.TenantStats()),
 		LeasedBlocks:          uint64(s.store.LeasedBlocks(s.now())),
+		Pins:                  st.Pins,
 	}
 	for _, ns := range st.Namespaces {
 		out.Namespaces = append(out.Namespaces, &kvpoolv1.NamespaceStats{Tenant: ns.Tenant, Namespace: ns.Namespace, Blocks: ns.Blocks, StoredBytes: ns.StoredBytes})

@@ -1,88 +1,141 @@
 package chain
 
 import (
+	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/kvpool/kvpool/api"
 )
 
-// The vectors below were computed with Python's cbor2 5.4.6 and hashlib,
-// following vLLM's hash_block_tokens and init_none_hash exactly:
-//
-//	def sha256_cbor(x): return hashlib.sha256(cbor2.dumps(x, canonical=True)).digest()
-//	parent = sha256_cbor(seed)                      # NONE_HASH, seed = PYTHONHASHSEED
-//	parent = sha256_cbor((parent, tuple(block), extra))  # per full block
-//
-// The tokens include values whose CBOR heads take 1, 2, 3 and 5 bytes.
-var vllmTokens = []uint32{
-	1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-	100000, 128255, 7, 300, 65536, 70000, 23, 24, 255, 256, 65535, 0, 1, 2, 3, 4,
-	9, 9, 9, // a partial block: no key
+// chainVectors is api/testdata/chain_vectors.json, the test vectors the
+// Python client's tests check too; its comment says where they come from.
+type chainVectors struct {
+	Comment []string `json:"comment"`
+	Vectors []struct {
+		Name        string   `json:"name"`
+		Scheme      string   `json:"scheme"`
+		Seed        string   `json:"seed"`
+		BlockTokens int      `json:"block_tokens"`
+		Tokens      []uint32 `json:"tokens"`
+		Extra       []any    `json:"extra"`
+		Keys        []string `json:"keys"`
+	} `json:"vectors"`
+	Roots []struct {
+		Scheme string `json:"scheme"`
+		Seed   string `json:"seed"`
+		Root   string `json:"root"`
+	} `json:"roots"`
 }
 
-func TestChainSHA256CBORMatchesVLLM(t *testing.T) {
-	tests := []struct {
-		name  string
-		seed  string
-		extra []([]any)
-		want  []string
-	}{
-		{
-			name:  "seed 0, no extra keys",
-			seed:  "0",
-			extra: [][]any{nil, nil},
-			want: []string{
-				"202da172482d928bbc42ab25b0151e2b895f13f41002e27b2ceabcfae6d332ea",
-				"893bad6e19316ccd7ff4dc2737be044e117993994c1d8506e564434b59876138",
-			},
-		},
-		{
-			name: "seed 42, lora, salt, multimodal, negative int and bytes",
-			seed: "42",
-			extra: [][]any{
-				{"my-lora", "salt-1"},
-				{"my-lora", []any{"img-hash", 3}, -2, []byte{1, 2}},
-			},
-			want: []string{
-				"b13a41edc3cb9e41119ad53a0342878669d95434232c6970b9b2fb28b17cffe7",
-				"72be2a89756e76f7f24be807a2884e1d9a37805197ba6e5b5fcef426f757ed5e",
-			},
-		},
+func loadChainVectors(t *testing.T) chainVectors {
+	t.Helper()
+	b, err := os.ReadFile("../testdata/chain_vectors.json")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			keys, err := Keys(Config{
-				Scheme:      SHA256CBOR,
-				BlockTokens: 16,
-				Seed:        tt.seed,
-				Extra:       func(i int) []any { return tt.extra[i] },
-			}, vllmTokens)
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	dec.DisallowUnknownFields()
+	var v chainVectors
+	if err := dec.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// vectorExtra turns a JSON extra value into what Config.Extra returns:
+// strings, ints, nil, []any (tuples) and {"bytes": hex} as []byte.
+func vectorExtra(v any) (any, error) {
+	switch x := v.(type) {
+	case nil, string:
+		return x, nil
+	case json.Number:
+		n, err := x.Int64()
+		return int(n), err
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			var err error
+			if out[i], err = vectorExtra(e); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	case map[string]any:
+		if h, ok := x["bytes"].(string); ok && len(x) == 1 {
+			return hex.DecodeString(h)
+		}
+	}
+	return nil, fmt.Errorf("bad extra value %v", v)
+}
+
+func TestChainVectors(t *testing.T) {
+	vs := loadChainVectors(t)
+	if len(vs.Vectors) == 0 {
+		t.Fatal("no vectors")
+	}
+	for _, v := range vs.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			scheme, err := ParseScheme(v.Scheme)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(keys) != len(tt.want) {
-				t.Fatalf("got %d keys, want %d", len(keys), len(tt.want))
+			cfg := Config{Scheme: scheme, BlockTokens: v.BlockTokens, Seed: v.Seed}
+			if v.Extra != nil {
+				if len(v.Extra) != len(v.Keys) {
+					t.Fatalf("%d extras for %d keys", len(v.Extra), len(v.Keys))
+				}
+				extra := make([][]any, len(v.Extra))
+				for i, e := range v.Extra {
+					x, err := vectorExtra(e)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if x != nil {
+						extra[i] = x.([]any)
+					}
+				}
+				cfg.Extra = func(i int) []any { return extra[i] }
+			}
+			keys, err := Keys(cfg, v.Tokens)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) != len(v.Keys) {
+				t.Fatalf("got %d keys, want %d", len(keys), len(v.Keys))
 			}
 			for i, k := range keys {
-				if got := hex.EncodeToString(k); got != tt.want[i] {
-					t.Errorf("key %d = %s, want %s", i, got, tt.want[i])
+				if got := hex.EncodeToString(k); got != v.Keys[i] {
+					t.Errorf("key %d = %s, want %s", i, got, v.Keys[i])
 				}
 			}
 		})
 	}
 }
 
-func TestChainRootMatchesVLLMNoneHash(t *testing.T) {
-	root, err := chainRoot(Config{Scheme: SHA256CBOR, Seed: "0"})
-	if err != nil {
-		t.Fatal(err)
+func TestChainRoots(t *testing.T) {
+	vs := loadChainVectors(t)
+	if len(vs.Roots) == 0 {
+		t.Fatal("no roots")
 	}
-	const want = "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
-	if got := hex.EncodeToString(root); got != want {
-		t.Fatalf("NONE_HASH(\"0\") = %s, want %s", got, want)
+	for _, r := range vs.Roots {
+		scheme, err := ParseScheme(r.Scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		root, err := chainRoot(Config{Scheme: scheme, Seed: r.Seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hex.EncodeToString(root); got != r.Root {
+			t.Errorf("%s root(%q) = %s, want %s", r.Scheme, r.Seed, got, r.Root)
+		}
 	}
 }
 
@@ -116,25 +169,6 @@ func TestChainKeysNameTheirPrefix(t *testing.T) {
 	}
 }
 
-// TestChainSHA256Vector pins kvpool's own scheme so it never changes by
-// accident: stored keys depend on it. The vector was reproduced in Python:
-//
-//	p = sha256(b"kvpool/chain/v1" + b"0")
-//	p = sha256(p + pack("<I", 16) + pack("<16I", *block) + pack("<I", 0))
-func TestChainSHA256Vector(t *testing.T) {
-	keys, err := Keys(Config{Scheme: SHA256, BlockTokens: 16, Seed: "0"}, vllmTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := []string{hex.EncodeToString(keys[0]), hex.EncodeToString(keys[1])}
-	want := []string{chainSHA256Vector0, chainSHA256Vector1}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("key %d = %s, want %s", i, got[i], want[i])
-		}
-	}
-}
-
 func TestChainKeysRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{Scheme: SHA256, BlockTokens: 0},
@@ -163,11 +197,6 @@ func BenchmarkChainKeys(b *testing.B) {
 		})
 	}
 }
-
-const (
-	chainSHA256Vector0 = "926526b3a230256e5e3fb4fcf006d8f0e4e72ffc89a8774a8fea2146646731b4"
-	chainSHA256Vector1 = "366e7a3d72fd721621af4ab4b29c215f58782004af66a583adb98f1185926478"
-)
 
 func TestReadTokens(t *testing.T) {
 	got, err := ReadTokens(strings.NewReader("1 2,3\n4\t5\r\n"))

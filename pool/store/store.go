@@ -64,6 +64,7 @@ type Store struct {
 		storedBytes   uint64 // sum of live values' sizes
 		livePages     uint64 // pages held by live and dead-but-pinned blocks
 		reservedPages uint64
+		pins          uint64 // reader pins held, on every block
 		scratch       []byte
 
 		// Eviction: every tenant's books and policy, read leases (pin
@@ -406,6 +407,7 @@ func (s *Store) pinLocked(idx uint32) Pin {
 		panic("store: pin count overflow")
 	}
 	e.pins++
+	s.mu.pins++
 	return Pin{idx: idx, gen: e.gen, Mem: s.memAt(e.page, int64(e.size)), CRC: e.crc, Offset: int64(e.page) << s.pageShift}
 }
 
@@ -470,6 +472,7 @@ func (s *Store) releaseLocked(idx, gen uint32) error {
 		return api.Errorf(api.ErrInvalidArgument, "store: pin %d.%d is not held", idx, gen)
 	}
 	e.pins--
+	s.mu.pins--
 	if e.pins == 0 && e.state == stateDead {
 		s.freeEntryLocked(idx)
 	}
@@ -641,6 +644,7 @@ func (s *Store) ReclaimExpired(now time.Time) int {
 type Stats struct {
 	CapacityBytes, UsedBytes, FreeBytes, StoredBytes uint64
 	Blocks, Reservations, ReservedBytes              uint64
+	Pins                                             uint64 // reader pins held (views, reads in flight)
 	PageBytes, LargestFreeBytes                      uint64
 	FreeRuns                                         uint64
 	ExternalFragmentation, InternalFragmentation     float64
@@ -664,6 +668,7 @@ func (s *Store) Stats() Stats {
 		StoredBytes:           s.mu.storedBytes,
 		Blocks:                uint64(s.mu.idx.count),
 		Reservations:          uint64(len(s.mu.res)),
+		Pins:                  s.mu.pins,
 		ReservedBytes:         s.mu.reservedPages << s.pageShift,
 		PageBytes:             uint64(s.pageBytes),
 		LargestFreeBytes:      uint64(a.largestFree()) << s.pageShift,

@@ -1414,7 +1414,10 @@ type StatsResponse struct {
 	Namespaces            []*NamespaceStats `protobuf:"bytes,14,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	Tenants               []*TenantStats    `protobuf:"bytes,15,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	// Blocks under a read lease.
-	LeasedBlocks  uint64 `protobuf:"varint,16,opt,name=leased_blocks,json=leasedBlocks,proto3" json:"leased_blocks,omitempty"`
+	LeasedBlocks uint64 `protobuf:"varint,16,opt,name=leased_blocks,json=leasedBlocks,proto3" json:"leased_blocks,omitempty"`
+	// Reader pins held: same-host views not yet released and reads in
+	// flight. A client that releases what it takes leaves this at 0 when idle.
+	Pins          uint64 `protobuf:"varint,17,opt,name=pins,proto3" json:"pins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1557,6 +1560,13 @@ func (x *StatsResponse) GetTenants() []*TenantStats {
 func (x *StatsResponse) GetLeasedBlocks() uint64 {
 	if x != nil {
 		return x.LeasedBlocks
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetPins() uint64 {
+	if x != nil {
+		return x.Pins
 	}
 	return 0
 }
@@ -3112,7 +3122,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06blocks\x18\x03 \x01(\x04R\x06blocks\x12!\n" +
-	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\"\x85\x05\n" +
+	"\fstored_bytes\x18\x04 \x01(\x04R\vstoredBytes\"\x99\x05\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
@@ -3135,7 +3145,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"namespaces\x18\x0e \x03(\v2\x19.kvpool.v1.NamespaceStatsR\n" +
 	"namespaces\x120\n" +
 	"\atenants\x18\x0f \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\x12#\n" +
-	"\rleased_blocks\x18\x10 \x01(\x04R\fleasedBlocks\"\x90\x03\n" +
+	"\rleased_blocks\x18\x10 \x01(\x04R\fleasedBlocks\x12\x12\n" +
+	"\x04pins\x18\x11 \x01(\x04R\x04pins\"\x90\x03\n" +
 	"\vTenantStats\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +

@@ -1,0 +1,958 @@
+"""kvpool.Client: one node of the pool, from Python, as fast as the Go client.
+
+Block bytes move over one path, chosen when the client connects and never
+changed behind the caller's back:
+
+- "shm": the node runs on this host. The client receives the node's arena
+  (a memfd) over its unix socket and maps it; view() pins a block and hands
+  out its bytes in place, reserve() hands out writable space in the arena
+  for commit(), get_into() copies straight out of the arena. A location
+  cache lets a repeat get_into() of a block copy with no round trip at all,
+  checked against the node's version words like a seqlock.
+- "data": the framed data channel on the node's gRPC port (api/wire).
+  Values are received straight into the caller's buffer with recv_into and
+  sent from it with sendmsg, and checked with CRC-32C.
+- "grpc": protobuf over grpcio, the portable and slow path.
+
+"auto" takes shm when the node is on this host, else data, else grpc.
+Control calls (locate, exists, fetch, route, plan, estimate, report_load,
+stats) are gRPC on every path.
+
+Errors are the classes of kvpool.errors, mapped from gRPC codes by the same
+table as the Go client's. A Client is safe to use from many threads.
+"""
+
+import mmap
+import os
+import platform
+import re
+import select
+import socket
+import threading
+import warnings
+from collections import namedtuple
+
+import grpc
+import numpy as np
+
+from . import errors, wire
+from ._crc import crc32c
+from .v1 import kvpool_pb2 as pb
+from .v1 import kvpool_pb2_grpc as pb_grpc
+
+PATHS = ("auto", "shm", "data", "grpc")
+
+PutResult = namedtuple("PutResult", "existed crc")
+PutResult.__doc__ = "What a put did: existed is True when identical bytes were already stored."
+FetchResult = namedtuple("FetchResult", "source size error")
+FetchResult.__doc__ = "Where one fetched block came from (source '' when it was local); error is None or an exception."
+Holder = namedtuple("Holder", "node_id addr bytes_per_second rtt_micros")
+Holder.__doc__ = "A node holding a block, as the answering node sees it (best measured link first)."
+
+_NAME = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+_GRPC_CHUNK = 1 << 20
+_MAX_MSG = 80 << 20
+# x86-64 keeps loads in order, so the version word read after a copy cannot
+# be satisfied before the copy's loads: the location cache's check holds
+# without a fence. Elsewhere every cached copy is checksummed.
+_ORDERED_LOADS = platform.machine() in ("x86_64", "AMD64")
+
+
+def host_id():
+    """This machine's identity as nodes report it: the Linux boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "host:" + socket.gethostname()
+
+
+def _name(kind, value):
+    b = value.encode() if isinstance(value, str) else bytes(value)
+    if not _NAME.fullmatch(b):
+        raise errors.InvalidArgument(f"kvpool: {kind} {value!r} must be 1 to 64 of A-Z a-z 0-9 . _ -")
+    return b
+
+
+def _key(key):
+    if isinstance(key, str):
+        key = key.encode()
+    elif not isinstance(key, bytes):
+        key = bytes(key)
+    if not 1 <= len(key) <= wire.MAX_KEY_BYTES:
+        raise errors.InvalidArgument(f"kvpool: key has {len(key)} bytes, want 1 to {wire.MAX_KEY_BYTES}")
+    return key
+
+
+def _writable(buffer):
+    """A writable, contiguous byte memoryview of buffer: a bytearray, a
+    numpy array, a CPU torch tensor, an mmap, anything with the buffer
+    protocol."""
+    if type(buffer).__module__.startswith("torch"):
+        if buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise errors.InvalidArgument("kvpool: a tensor buffer must be contiguous and on the CPU")
+        buffer = buffer.numpy()
+    try:
+        mv = memoryview(buffer)
+    except TypeError as e:
+        raise errors.InvalidArgument(f"kvpool: {type(buffer).__name__} is not a buffer") from e
+    if mv.readonly:
+        raise errors.InvalidArgument("kvpool: the buffer is read-only")
+    if not mv.c_contiguous:
+        raise errors.InvalidArgument("kvpool: the buffer is not contiguous")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def _readable(value):
+    if type(value).__module__.startswith("torch"):
+        value = value.contiguous().numpy()
+    mv = memoryview(value)
+    if not mv.c_contiguous:
+        raise errors.InvalidArgument("kvpool: the value is not contiguous")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def _lease_arg(lease):
+    """(flag, ms) for lease: None (no lease), True (the node's default) or seconds."""
+    if lease is None or lease is False:
+        return 0, 0
+    if lease is True:
+        return wire.FLAG_LEASE, 0
+    return wire.FLAG_LEASE, max(0, min(int(lease * 1000), 1 << 31))
+
+
+def _short(have, need):
+    return errors.InvalidArgument(f"kvpool: buffer of {have} bytes for a {need}-byte block")
+
+
+def _io_error(what, err):
+    if isinstance(err, errors.KVPoolError):
+        return err
+    if isinstance(err, socket.timeout):
+        return errors.DeadlineExceeded(f"kvpool: {what}: timed out")
+    return errors.Unavailable(f"kvpool: {what}: {err}")
+
+
+class View:
+    """A block's bytes. On the shm path they are the node's arena, pinned
+    until release() (or the end of a with block): read them in place, never
+    write them. On other paths they are a private copy. After release,
+    every accessor raises FailedPrecondition. Memory handed out stays
+    mapped while anything refers to it, even after the client closes or the
+    node dies; only its contents are no longer guaranteed after release."""
+
+    __slots__ = ("_path", "_handle", "_mv", "crc", "size", "offset", "_released")
+
+    def __init__(self, path, handle, mv, crc, offset=-1):
+        self._path, self._handle, self._mv = path, handle, mv
+        self.crc, self.size, self.offset = crc, mv.nbytes, offset
+        self._released = False
+
+    @property
+    def data(self):
+        """The bytes, a read-only memoryview."""
+        if self._released:
+            raise errors.FailedPrecondition("kvpool: view used after release")
+        return self._mv
+
+    def as_numpy(self, dtype=np.uint8, shape=None):
+        """The bytes as a read-only numpy array (no copy)."""
+        a = np.frombuffer(self.data, dtype=dtype)
+        return a if shape is None else a.reshape(shape)
+
+    def as_tensor(self, dtype=None, shape=None):
+        """The bytes as a CPU torch tensor (no copy). The tensor MUST NOT be
+        written and MUST NOT be used after release."""
+        import torch
+
+        a = self.as_numpy(np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that the buffer is read-only
+            t = torch.from_numpy(a)
+        if dtype is not None:
+            t = t.view(dtype)
+        return t if shape is None else t.reshape(shape)
+
+    def verify(self):
+        """Checks the bytes against the node's checksum (DataLoss if they differ)."""
+        if crc32c(self.data) != self.crc:
+            raise errors.DataLoss("kvpool: view bytes do not match the node's checksum")
+
+    def release(self):
+        """Unpins the block. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            self._mv.release()
+        except BufferError:
+            pass  # something still refers to it: it stays mapped until dropped
+        if self._path is not None:
+            self._path.release(self._handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        if not self._released and self._path is not None:
+            self._path.release(self._handle)
+
+
+class Reservation:
+    """Space for a new block. On the shm path it lies in the node's arena:
+    fill data (or as_numpy/as_tensor) in place, then commit(); on other
+    paths it is a private buffer that commit() puts. A with block aborts it
+    unless it was committed. After commit or abort, accessors raise."""
+
+    def __init__(self, client, key, mv, handle=None):
+        self._client, self._key, self._mv, self._handle = client, key, mv, handle
+        self.size = mv.nbytes
+        self._done = False
+
+    @property
+    def data(self):
+        """The writable bytes, a memoryview."""
+        if self._done:
+            raise errors.FailedPrecondition("kvpool: reservation used after commit or abort")
+        return self._mv
+
+    def as_numpy(self, dtype=np.uint8, shape=None):
+        a = np.frombuffer(self.data, dtype=dtype)
+        return a if shape is None else a.reshape(shape)
+
+    def as_tensor(self, dtype=None, shape=None):
+        import torch
+
+        t = torch.from_numpy(self.as_numpy(np.uint8))
+        if dtype is not None:
+            t = t.view(dtype)
+        return t if shape is None else t.reshape(shape)
+
+    def commit(self, replicas=1):
+        """Publishes the block; the node checksums it. Returns a PutResult."""
+        if self._done:
+            raise errors.FailedPrecondition("kvpool: reservation already ended")
+        self._done = True
+        c = self._client
+        if self._handle is None:
+            return c._put_path(c._tenant, c._namespace, self._key, self._mv, replicas)
+        return c._bytes.commit(self._handle, replicas)
+
+    def abort(self):
+        """Gives the space back. A no-op after commit or abort."""
+        if self._done:
+            return
+        self._done = True
+        if self._handle is not None:
+            self._client._bytes.abort(self._handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.abort()
+
+
+class _ShmPath:
+    """The attachment to a same-host node: its arena mapped here and one
+    unix-socket session that pins blocks and holds reservations. Round trips
+    on the session are serialized by _lock; copies run outside it."""
+
+    def __init__(self, socket_path, node_id, timeout, verify, cache):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(socket_path)
+            msg, fds, _, _ = socket.recv_fds(sock, 512, 2)
+        except OSError as e:
+            sock.close()
+            raise errors.Unavailable(f"kvpool: shm socket {socket_path}: {e}") from e
+        try:
+            if len(fds) != 2:
+                raise wire.ProtocolError(f"kvpool: the hello carried {len(fds)} descriptors, want 2")
+            seg, page, words, hello_node = wire.decode_hello(msg)
+            if hello_node != node_id:
+                raise errors.Unavailable(f"kvpool: shm socket belongs to node {hello_node!r}, not {node_id!r}")
+            if page == 0 or words != seg // page:
+                raise wire.ProtocolError(f"kvpool: hello: {words} version words for {seg // max(page, 1)} pages")
+            self._map = mmap.mmap(fds[0], seg, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._vmap = mmap.mmap(fds[1], wire.version_segment_bytes(words), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)  # the mappings outlive the descriptors
+        self.node_id, self.page_bytes, self.segment_bytes = node_id, page, seg
+        self._mem = memoryview(self._map)
+        self._versions = memoryview(self._vmap).cast("Q")
+        self._conn = wire.Conn(sock)
+        self._lock = threading.Lock()
+        self._broken = None
+        self._closed = False
+        self._verify = verify or not _ORDERED_LOADS
+        self._cache = {} if cache else None
+
+    def close(self):
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._conn.close()
+        self._cache = None
+        # Views and reservations handed out keep the mapping alive through
+        # their own references; the arena is unmapped when the last goes.
+        for mv, m in ((self._versions, self._vmap), (self._mem, self._map)):
+            mv.release()
+            try:
+                m.close()
+            except BufferError:
+                pass
+
+    def _usable(self):
+        if self._broken is not None:
+            raise self._broken
+        if self._closed:
+            raise errors.Unavailable("kvpool: client is closed")
+
+    def round_trip(self, what, request):
+        with self._lock:
+            self._usable()
+            try:
+                return self._conn.round_trip(request)
+            except errors.KVPoolError as e:
+                if not self._conn.usable:
+                    self._break(what, e)
+                raise
+            except OSError as e:
+                err = _io_error("shm " + what, e)
+                self._break(what, err)
+                raise err from e
+
+    def notify(self, request):
+        """Sends a frame that has no response (release, abort)."""
+        with self._lock:
+            if self._closed or self._broken is not None:
+                return  # the node frees what the session held when it ends
+            try:
+                self._conn.send(request)
+            except OSError as e:
+                self._break("notify", _io_error("shm release", e))
+
+    def _break(self, what, err):
+        self._broken = errors.Unavailable(f"kvpool: the shm session with {self.node_id} ended ({what}: {err})")
+        self._conn.close()
+
+    def region(self, offset, size):
+        if offset + size > self.segment_bytes:
+            raise errors.Internal(f"kvpool: node named bytes [{offset}, +{size}) outside its {self.segment_bytes}-byte segment")
+        try:
+            return self._mem[offset:offset + size]
+        except ValueError as e:  # released by close
+            raise errors.Unavailable("kvpool: client is closed") from e
+
+    def view(self, tenant, ns, key, lease):
+        flags, ms = _lease_arg(lease)
+        r = self.round_trip("view", wire.encode_request(wire.OP_VIEW, tenant, ns, key, flags=flags, arg=ms))
+        try:
+            mv = self.region(r.offset, r.value_len).toreadonly()
+        except errors.KVPoolError:
+            self.release(r.handle)
+            raise
+        return View(self, r.handle, mv, r.crc, r.offset), r
+
+    def release(self, handle):
+        self.notify(wire.encode_request(wire.OP_RELEASE, handle=handle))
+
+    def get_into(self, tenant, ns, key, dst, lease):
+        ck = None
+        cache = self._cache
+        if cache is not None and not lease:
+            ck = (tenant, ns, key)
+            loc = cache.get(ck)
+            if loc is not None:
+                out = self._get_cached(loc, dst)
+                if out is not None:
+                    return out
+                cache.pop(ck, None)
+        v, r = self.view(tenant, ns, key, lease)
+        try:
+            out = self._copy_out(v._mv, r.crc, dst)
+        finally:
+            v.release()
+        if ck is not None and self._cache is not None:
+            if len(cache) >= 1 << 16:
+                cache.clear()
+            cache[ck] = (r.offset, r.value_len, r.crc, r.handle)
+        return out
+
+    def _get_cached(self, loc, dst):
+        """Copies a cached block, or returns None when it changed."""
+        offset, size, crc, handle = loc
+        if dst is not None and dst.nbytes < size:
+            raise _short(dst.nbytes, size)
+        self._check_node()
+        word = offset // self.page_bytes
+        try:
+            # The node clears the word before the block's pages can be
+            # reused, so the same word after the copy means the copy saw
+            # only this block's bytes.
+            if self._versions[word] != handle:
+                return None
+            out = self._copy_out(self._mem[offset:offset + size], crc, dst)
+            if self._versions[word] != handle:
+                return None
+        except ValueError as e:
+            raise errors.Unavailable("kvpool: client is closed") from e
+        return out
+
+    def _check_node(self):
+        """Raises Unavailable when the session has ended or the node is gone,
+        without a round trip: a cached read must not outlive its node. One
+        poll(2); the peek runs only when the socket is readable."""
+        self._usable()
+        p = select.poll()
+        p.register(self._conn.sock, select.POLLIN)
+        if not p.poll(0):
+            return
+        try:
+            alive = self._conn.sock.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            alive = True
+        except OSError:
+            alive = False
+        if not alive:
+            with self._lock:
+                if self._broken is None:
+                    self._break("read", "the node closed the session")
+            raise self._broken
+
+    def _copy_out(self, src, want, dst):
+        if dst is None:
+            dst = memoryview(bytearray(src.nbytes))
+        elif dst.nbytes < src.nbytes:
+            raise _short(dst.nbytes, src.nbytes)
+        n = src.nbytes
+        dst[:n] = src
+        if self._verify and crc32c(dst[:n]) != want:
+            raise errors.DataLoss(f"kvpool: shared block has a CRC other than the node's {want:08x}")
+        return dst, n
+
+    def reserve(self, client, tenant, ns, key, size):
+        r = self.round_trip("reserve", wire.encode_request(wire.OP_RESERVE, tenant, ns, key, value_len=size))
+        try:
+            mv = self.region(r.offset, size)
+        except errors.KVPoolError:
+            self.abort(r.handle)
+            raise
+        return Reservation(client, key, mv, r.handle)
+
+    def commit(self, handle, replicas):
+        r = self.round_trip("commit", wire.encode_request(wire.OP_COMMIT, handle=handle, arg=max(replicas, 0)))
+        return PutResult(r.existed, r.crc)
+
+    def abort(self, handle):
+        self.notify(wire.encode_request(wire.OP_ABORT, handle=handle))
+
+    def put(self, client, tenant, ns, key, value, replicas):
+        res = self.reserve(client, tenant, ns, key, value.nbytes)
+        try:
+            res._mv[:] = value
+        except BaseException:
+            res.abort()
+            raise
+        res._done = True
+        return self.commit(res._handle, replicas)
+
+    def remove(self, tenant, ns, keys, force):
+        with self._lock:
+            self._usable()
+            try:
+                return _remove_over(self._conn, tenant, ns, keys, force)
+            except OSError as e:
+                err = _io_error("shm remove", e)
+                self._break("remove", err)
+                raise err from e
+
+
+def _remove_over(conn, tenant, ns, keys, force):
+    """Pipelines removals on conn: one exception or None per key."""
+    out = []
+    flags = wire.FLAG_FORCE if force else 0
+    for off in range(0, len(keys), 256):
+        part = keys[off:off + 256]
+        conn.send(b"".join(wire.encode_request(wire.OP_REMOVE, tenant, ns, k, flags=flags) for k in part))
+        for _ in part:
+            try:
+                conn.recv_response()
+                out.append(None)
+            except errors.KVPoolError as e:
+                if not conn.usable and not isinstance(e, errors.NotFound):
+                    raise
+                out.append(e)
+    return out
+
+
+class _DataPath:
+    """The framed TCP data channel: a pool of connections, one per call in
+    flight, values received into and sent from the caller's memory."""
+
+    def __init__(self, host, port, timeout, max_idle):
+        self._host, self._port, self._timeout, self._max_idle = host, port, timeout, max_idle
+        self._idle = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    def _get(self):
+        with self._lock:
+            if self._closed:
+                raise errors.Unavailable("kvpool: client is closed")
+            if self._idle:
+                return self._idle.pop(), True
+        try:
+            return wire.Conn.dial(self._host, self._port, self._timeout), False
+        except OSError as e:
+            raise errors.Unavailable(f"kvpool: data channel to {self._host}:{self._port}: {e}") from e
+
+    def _put(self, c):
+        with self._lock:
+            if c.usable and not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(c)
+                return
+        c.close()
+
+    def with_conn(self, what, op):
+        """Runs op on a pooled connection. An I/O error on a reused idle
+        connection is retried once on a fresh one (the node may have closed
+        it while idle); every data op is idempotent."""
+        for attempt in (0, 1):
+            c, reused = self._get()
+            try:
+                return op(c)
+            except errors.KVPoolError:
+                raise
+            except OSError as e:
+                c.usable = False
+                if not reused or attempt or isinstance(e, socket.timeout):
+                    raise _io_error(what, e) from e
+            finally:
+                self._put(c)
+
+    def put(self, client, tenant, ns, key, value, replicas):
+        crc = crc32c(value)
+
+        def op(c):
+            hdr = wire.encode_request(wire.OP_PUT, tenant, ns, key, flags=wire.FLAG_CHECKSUM, arg=max(replicas, 0), value_len=value.nbytes)
+            c.send(hdr, value, wire.trailer(crc))
+            r = c.recv_response()
+            return PutResult(r.existed, r.crc)
+
+        return self.with_conn("put", op)
+
+    def get_into(self, tenant, ns, key, dst, lease):
+        flags, ms = _lease_arg(lease)
+        req = wire.encode_request(wire.OP_GET, tenant, ns, key, flags=flags, arg=ms)
+
+        def op(c):
+            r = c.round_trip(req)
+            return self._receive(c, r, dst)
+
+        return self.with_conn("get", op)
+
+    @staticmethod
+    def _receive(c, r, dst):
+        n = r.value_len
+        if dst is None:
+            if n > 1 << 32:
+                c.usable = False
+                raise errors.Unavailable(f"kvpool: node announced a {n}-byte value")
+            dst = memoryview(bytearray(n))
+        elif dst.nbytes < n:
+            c.discard(n)  # keep the stream in step before reporting
+            raise _short(dst.nbytes, n)
+        crc = c.recv_checksummed(dst[:n])
+        if crc != r.crc:
+            raise errors.DataLoss(f"kvpool: received bytes have CRC {crc:08x}, the node stored {r.crc:08x}")
+        return dst, n
+
+    def get_many(self, tenant, ns, keys):
+        """Pipelined gets: one (memoryview, n) or exception per key."""
+
+        def op(c):
+            c.send(b"".join(wire.encode_request(wire.OP_GET, tenant, ns, k) for k in keys))
+            out = []
+            for _ in keys:
+                try:
+                    r = c.recv_response()
+                except errors.KVPoolError as e:
+                    if not c.usable:
+                        raise
+                    out.append(e)
+                    continue
+                out.append(self._receive(c, r, None))
+            return out
+
+        return self.with_conn("get", op)
+
+    def view(self, tenant, ns, key, lease):
+        mv, n = self.get_into(tenant, ns, key, None, lease)
+        return View(None, 0, mv[:n].toreadonly(), crc32c(mv[:n])), None
+
+    def reserve(self, client, tenant, ns, key, size):
+        return Reservation(client, key, memoryview(bytearray(size)))
+
+    def remove(self, tenant, ns, keys, force):
+        return self.with_conn("remove", lambda c: _remove_over(c, tenant, ns, keys, force))
+
+    def source(self, n, dst):
+        """The link baseline: n bytes of filler from the node, received with
+        recv_into into dst, over a pooled connection like a get."""
+
+        def op(c):
+            r = c.round_trip(wire.encode_request(wire.OP_SOURCE, value_len=n))
+            c.recv_into(dst[: r.value_len])
+            return r.value_len
+
+        return self.with_conn("source", op)
+
+    def sink(self, value):
+        """The send baseline: value's bytes to the node, which discards them."""
+
+        def op(c):
+            c.send(wire.encode_request(wire.OP_SINK, value_len=value.nbytes), value)
+            c.recv_response()
+            return value.nbytes
+
+        return self.with_conn("sink", op)
+
+
+class _GrpcPath:
+    """Bytes as protobuf messages over grpcio."""
+
+    def __init__(self, stub, timeout):
+        self._stub, self._timeout = stub, timeout
+
+    def close(self):
+        pass
+
+    def put(self, client, tenant, ns, key, value, replicas):
+        crc = crc32c(value)
+
+        def messages():
+            yield pb.PutRequest(header=pb.PutHeader(key=pb.BlockKey(tenant=tenant.decode(), namespace=ns.decode(), key=key), size_bytes=value.nbytes, crc32c=crc, replicas=max(replicas, 0)))
+            for off in range(0, value.nbytes, _GRPC_CHUNK):
+                yield pb.PutRequest(chunk=bytes(value[off:off + _GRPC_CHUNK]))
+
+        r = _rpc(self._stub.Put, messages(), self._timeout)
+        return PutResult(r.existed, r.crc32c)
+
+    def get_into(self, tenant, ns, key, dst, lease):
+        flags, ms = _lease_arg(lease)
+        req = pb.GetRequest(key=pb.BlockKey(tenant=tenant.decode(), namespace=ns.decode(), key=key), chunk_bytes=4 << 20, lease=bool(flags), lease_ms=ms)
+        try:
+            stream = self._stub.Get(req, timeout=self._timeout)
+            first = next(stream)
+            size, want = first.info.size_bytes, first.info.crc32c
+            if dst is None:
+                dst = memoryview(bytearray(size))
+            elif dst.nbytes < size:
+                stream.cancel()
+                raise _short(dst.nbytes, size)
+            n = 0
+            for m in stream:
+                k = len(m.chunk)
+                if n + k > size:
+                    raise errors.Internal(f"kvpool: node sent more than the {size} bytes it announced")
+                dst[n:n + k] = m.chunk
+                n += k
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        if n != size:
+            raise errors.Unavailable(f"kvpool: get stream ended after {n} of {size} bytes")
+        if crc32c(dst[:n]) != want:
+            raise errors.DataLoss("kvpool: received bytes do not match the node's checksum")
+        return dst, n
+
+    def view(self, tenant, ns, key, lease):
+        mv, n = self.get_into(tenant, ns, key, None, lease)
+        return View(None, 0, mv[:n].toreadonly(), crc32c(mv[:n])), None
+
+    def reserve(self, client, tenant, ns, key, size):
+        return Reservation(client, key, memoryview(bytearray(size)))
+
+    def remove(self, tenant, ns, keys, force):
+        out = []
+        for k in keys:
+            try:
+                _rpc(self._stub.Remove, pb.RemoveRequest(key=pb.BlockKey(tenant=tenant.decode(), namespace=ns.decode(), key=k), force=force), self._timeout)
+                out.append(None)
+            except (errors.NotFound, errors.FailedPrecondition) as e:
+                out.append(e)
+        return out
+
+
+def _rpc(method, request, timeout):
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as e:
+        raise errors.from_rpc_error(e) from None
+
+
+def _split_addr(addr):
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise errors.InvalidArgument(f"kvpool: address {addr!r} is not host:port")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Client:
+    """A client of one kvpool node, for one tenant and namespace.
+
+    Client(addr, tenant, namespace, path="auto", timeout=10.0) connects,
+    learns the node's fast paths from its Info and attaches to its shared
+    memory when path allows and the node is on this host. timeout (seconds)
+    bounds every call. verify_shared_reads checksums every copy out of
+    shared memory (bytes that cross a socket are always checked);
+    location_cache=False makes every shm get ask the node.
+
+    scoped(namespace=...) gives a client of another tenant or namespace on
+    the same connections. close() (or a with block) ends them; views and
+    reservations still held stay valid memory, and further calls raise
+    Unavailable.
+    """
+
+    def __init__(self, addr, tenant="default", namespace="default", path="auto", timeout=10.0,
+                 max_idle_conns=8, verify_shared_reads=False, location_cache=True):
+        if path not in PATHS and path != "tcp":
+            raise errors.InvalidArgument(f"kvpool: unknown path {path!r} (want auto, shm, data or grpc)")
+        self._tenant, self._namespace = _name("tenant", tenant), _name("namespace", namespace)
+        self.addr, self.timeout = addr, timeout
+        host, port = _split_addr(addr)
+        self._owner = True
+        self._channel = grpc.insecure_channel(addr, options=[
+            ("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)])
+        try:
+            self._stub = pb_grpc.KVPoolServiceStub(self._channel)
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError:
+                raise errors.Unavailable(f"kvpool: cannot reach {addr} within {timeout} s") from None
+            self.info = _rpc(self._stub.Info, pb.InfoRequest(), timeout)
+            self._bytes = None
+            want = "data" if path == "tcp" else path
+            if want in ("auto", "shm"):
+                try:
+                    if not self.info.shm_socket:
+                        raise errors.Unavailable(f"kvpool: node {self.info.node_id} offers no shared memory")
+                    if self.info.host_id != host_id():
+                        raise errors.Unavailable(f"kvpool: node {self.info.node_id} is on another host")
+                    self._bytes = _ShmPath(self.info.shm_socket, self.info.node_id, timeout, verify_shared_reads, location_cache)
+                    want = "shm"
+                except errors.Unavailable:
+                    if want == "shm":
+                        raise
+                    want = "data"
+            if want == "data" and not self.info.data_channel:
+                want = "grpc"
+            if want == "data":
+                self._bytes = _DataPath(host, port, timeout, max_idle_conns)
+            elif want == "grpc":
+                self._bytes = _GrpcPath(self._stub, timeout)
+            self.path = want
+        except BaseException:
+            self._channel.close()
+            raise
+
+    # --- lifetime -----------------------------------------------------
+
+    def scoped(self, tenant=None, namespace=None):
+        """A client of another tenant or namespace sharing this one's
+        connections. Closing it is a no-op; closing this one ends both."""
+        c = object.__new__(Client)
+        c.__dict__.update(self.__dict__)
+        c._owner = False
+        if tenant is not None:
+            c._tenant = _name("tenant", tenant)
+        if namespace is not None:
+            c._namespace = _name("namespace", namespace)
+        return c
+
+    @property
+    def tenant(self):
+        return self._tenant.decode()
+
+    @property
+    def namespace(self):
+        return self._namespace.decode()
+
+    @property
+    def node_id(self):
+        return self.info.node_id
+
+    def close(self):
+        """Ends the connections and the mapping. Idempotent."""
+        if not self._owner or self._bytes is None:
+            return
+        b, self._bytes = self._bytes, _Closed()
+        b.close()
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- block bytes --------------------------------------------------
+
+    def put(self, key, value, replicas=1):
+        """Stores value (bytes, bytearray, numpy array, CPU tensor) under
+        key. Equal bytes again succeed (existed=True); different bytes raise
+        AlreadyExists. replicas > 1 asks the node to place that many copies
+        on distinct nodes before it answers."""
+        return self._put_path(self._tenant, self._namespace, _key(key), _readable(value), replicas)
+
+    def _put_path(self, tenant, ns, key, value, replicas):
+        if value.nbytes == 0 or value.nbytes > self.info.max_block_bytes:
+            raise errors.InvalidArgument(f"kvpool: value of {value.nbytes} bytes, want 1 to {self.info.max_block_bytes}")
+        return self._bytes.put(self, tenant, ns, key, value, replicas)
+
+    def get(self, key, lease=None):
+        """The block under key, as a new bytearray. lease (True, or seconds)
+        also takes a read lease on it."""
+        mv, n = self._bytes.get_into(self._tenant, self._namespace, _key(key), None, lease)
+        return mv.obj if n == mv.nbytes else bytearray(mv[:n])
+
+    def get_into(self, key, buffer, lease=None):
+        """Copies the block under key into buffer (any writable buffer:
+        bytearray, numpy array, CPU torch tensor) and returns its length. A
+        buffer too small raises InvalidArgument and is left untouched."""
+        return self._bytes.get_into(self._tenant, self._namespace, _key(key), _writable(buffer), lease)[1]
+
+    def view(self, key, lease=None):
+        """The block under key in place (shm) or as a copy (other paths), as
+        a View to use in a with block."""
+        return self._bytes.view(self._tenant, self._namespace, _key(key), lease)[0]
+
+    def reserve(self, key, size):
+        """Writable space for a new block of size bytes; see Reservation."""
+        if size <= 0 or size > self.info.max_block_bytes:
+            raise errors.InvalidArgument(f"kvpool: reservation of {size} bytes, want 1 to {self.info.max_block_bytes}")
+        return self._bytes.reserve(self, self._tenant, self._namespace, _key(key), size)
+
+    def remove(self, key, force=False):
+        """Deletes the block under key (NotFound if absent,
+        FailedPrecondition under a read lease unless force)."""
+        err = self._bytes.remove(self._tenant, self._namespace, [_key(key)], force)[0]
+        if err is not None:
+            raise err
+
+    def remove_many(self, keys, force=False):
+        """Deletes the blocks under keys; returns how many it removed."""
+        errs = self._bytes.remove(self._tenant, self._namespace, [_key(k) for k in keys], force)
+        for e in errs:
+            if e is not None and not isinstance(e, errors.NotFound):
+                raise e
+        return sum(e is None for e in errs)
+
+    def put_many(self, items, replicas=1):
+        """Stores (key, value) pairs; one PutResult or exception per item."""
+        out = []
+        for key, value in items:
+            try:
+                out.append(self.put(key, value, replicas))
+            except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
+                out.append(e)
+        return out
+
+    def get_many(self, keys):
+        """The blocks under keys: one bytearray or exception per key
+        (pipelined on the data channel)."""
+        keys = [_key(k) for k in keys]
+        if isinstance(self._bytes, _DataPath):
+            res = self._bytes.get_many(self._tenant, self._namespace, keys)
+            return [r if isinstance(r, Exception) else bytearray(r[0][:r[1]]) for r in res]
+        out = []
+        for k in keys:
+            try:
+                out.append(self.get(k))
+            except (errors.NotFound, errors.DataLoss) as e:
+                out.append(e)
+        return out
+
+    # --- control ------------------------------------------------------
+
+    def _keys(self, keys):
+        return [_key(k) for k in keys]
+
+    def exists(self, keys):
+        """For each key, whether the node holds it."""
+        r = _rpc(self._stub.Exists, pb.ExistsRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys)), self.timeout)
+        return list(r.exists)
+
+    def locate(self, chain, lease=None):
+        """How many leading keys of chain the node holds. With lease (True,
+        or seconds) it also leases that prefix and returns (blocks, lease
+        end in Unix ms)."""
+        flags, ms = _lease_arg(lease)
+        r = _rpc(self._stub.Locate, pb.LocateRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(chain), lease=bool(flags), lease_ms=ms), self.timeout)
+        return (r.prefix_blocks, r.lease_until_unix_ms) if flags else r.prefix_blocks
+
+    def fetch(self, keys, timeout=None):
+        """Makes the blocks local: each key the node lacks is pulled from
+        the best node holding it. timeout (seconds) bounds one holder's
+        transfer. One FetchResult per key."""
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        r = _rpc(self._stub.Fetch, pb.FetchRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys), timeout_ms=ms), self.timeout)
+        return [FetchResult(x.source_node, x.size_bytes, errors.from_code(x.status.code, x.status.message) if x.status.code else None) for x in r.results]
+
+    def route(self, keys):
+        """For each key, the live nodes holding it, best link first."""
+        r = _rpc(self._stub.Route, pb.RouteRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys)), self.timeout)
+        return [[Holder(h.node_id, h.addr, h.bytes_per_second, h.rtt_micros) for h in b.holders] for b in r.blocks]
+
+    def plan(self, chain, model="", block_tokens=0, prompt_tokens=0, link_bytes_per_second=0.0, candidates=()):
+        """Where a request for chain should run, and whether to fetch or
+        recompute there: a kvpool.v1.PlanResponse, cheapest node first."""
+        return _rpc(self._stub.Plan, pb.PlanRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(chain), model=model,
+                    block_tokens=block_tokens, prompt_tokens=prompt_tokens, link_bytes_per_second=link_bytes_per_second, candidates=list(candidates)), self.timeout)
+
+    def estimate(self, chain, node_id="", model="", block_tokens=0, prompt_tokens=0, link_bytes_per_second=0.0):
+        """What serving chain costs on one node (default: this one): a
+        kvpool.v1.EstimateResponse with every term."""
+        return _rpc(self._stub.Estimate, pb.EstimateRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(chain), model=model,
+                    block_tokens=block_tokens, prompt_tokens=prompt_tokens, link_bytes_per_second=link_bytes_per_second, node_id=node_id), self.timeout)
+
+    def report_load(self, queue_seconds, prefill_tokens_per_second, prompt_tokens=0, model=""):
+        """Tells the node this engine's queue time and prefill speed; the
+        node gossips them to the cluster for plans."""
+        _rpc(self._stub.ReportLoad, pb.ReportLoadRequest(queue_seconds=queue_seconds, prefill_tokens_per_second=prefill_tokens_per_second,
+             prefill_prompt_tokens=prompt_tokens, model=model), self.timeout)
+
+    def stats(self):
+        """The node's capacity, usage, pins, reservations and tenants: a
+        kvpool.v1.StatsResponse."""
+        return _rpc(self._stub.Stats, pb.StatsRequest(), self.timeout)
+
+
+class _Closed:
+    """The byte path of a closed client: every call is Unavailable."""
+
+    def __getattr__(self, name):
+        def closed(*args, **kwargs):
+            raise errors.Unavailable("kvpool: client is closed")
+
+        return closed
+
+    def close(self):
+        pass

@@ -1,0 +1,199 @@
+"""The framed data channel (Go package api/wire) in Python.
+
+A TCP data connection opens with the 8-byte preamble "KVPD", version, three
+zero bytes; a unix-socket connection to a node's shm socket opens with the
+node's Hello, which carries the segment's and the version words' file
+descriptors. Then the client sends requests and reads responses in order.
+A request is a 32-byte header, the tenant, namespace and key bytes, and for
+a Put the value and an 8-byte trailer (CRC-32C, "KVPE"). A response is a
+32-byte header, the error message when the status is not OK, then a Get's
+value. All integers are little-endian. See api/wire/wire.go for the layout;
+the constants here must stay equal to those there.
+
+Conn moves values straight between the socket and the caller's buffer
+(recv_into, sendmsg), one copy per side, as a raw socket does.
+"""
+
+import socket
+import struct
+
+from . import errors
+from ._crc import crc32c
+
+PREAMBLE = b"KVPD\x01\x00\x00\x00"
+VERSION = 1
+TRAILER_MAGIC = 0x4550564B  # "KVPE" little-endian
+REQUEST_HEADER_BYTES = 32
+RESPONSE_HEADER_BYTES = 32
+MAX_NAME_BYTES = 64
+MAX_KEY_BYTES = 128
+MAX_MESSAGE_BYTES = 4096
+
+OP_GET, OP_PUT, OP_REMOVE, OP_SOURCE, OP_SINK = 1, 2, 3, 4, 5
+OP_VIEW, OP_RELEASE, OP_RESERVE, OP_COMMIT, OP_ABORT = 6, 7, 8, 9, 10
+
+FLAG_CHECKSUM = 1 << 0  # request: the CRC field (a Put's trailer) must be verified
+FLAG_LEASE = 1 << 1  # Get, View: take a read lease of arg ms (0: the node's default)
+FLAG_FORCE = 1 << 2  # Remove: even under a read lease
+
+FLAG_EXISTED = 1 << 0  # response: an identical block was already stored
+FLAG_CLOSE = 1 << 1  # response: the node closes the connection after it
+
+# op, flags, tenant len, namespace len, key len, reserved, crc, arg, value len, handle
+_REQUEST = struct.Struct("<BBBBHHIIQQ")
+# status, flags, message len, crc, value len, offset, handle
+_RESPONSE = struct.Struct("<BBHIQQQ")
+_TRAILER = struct.Struct("<II")
+# magic, version, id length, two zero bytes, segment bytes, page bytes, version words
+_HELLO = struct.Struct("<4sBBxxQIQ")
+
+
+def encode_request(op, tenant=b"", namespace=b"", key=b"", flags=0, crc=0, arg=0, value_len=0, handle=0):
+    """A request's header, names and key."""
+    return _REQUEST.pack(op, flags, len(tenant), len(namespace), len(key), 0, crc, arg, value_len, handle) + tenant + namespace + key
+
+
+def trailer(crc):
+    """The 8 bytes that end a Put's value."""
+    return _TRAILER.pack(crc, TRAILER_MAGIC)
+
+
+class Response:
+    """A decoded response header."""
+
+    __slots__ = ("status", "flags", "crc", "value_len", "offset", "handle", "message")
+
+    @property
+    def existed(self):
+        return bool(self.flags & FLAG_EXISTED)
+
+
+class ProtocolError(errors.Unavailable):
+    """The stream is malformed and cannot continue."""
+
+
+def decode_hello(b):
+    """Parses a node's Hello: (segment bytes, page bytes, version words, node id)."""
+    if len(b) < _HELLO.size or b[:4] != b"KVPS":
+        raise ProtocolError("kvpool: not a kvpool hello")
+    magic, version, idlen, seg, page, words = _HELLO.unpack_from(b)
+    if version != VERSION:
+        raise ProtocolError(f"kvpool: hello version {version}, want {VERSION}")
+    if len(b) != _HELLO.size + idlen:
+        raise ProtocolError(f"kvpool: hello of {len(b)} bytes, want {_HELLO.size + idlen}")
+    return seg, page, words, b[_HELLO.size:].decode()
+
+
+def version_segment_bytes(words):
+    """Size of the version words' segment: rounded up to 4 KiB, as the node maps it."""
+    return (words * 8 + 4095) & ~4095
+
+
+class Conn:
+    """One data-channel connection. Not safe for concurrent use: a pool or a
+    session lock serializes callers. After any I/O error, or a response with
+    FLAG_CLOSE, usable is False and the connection must be closed."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.usable = True
+        self._hdr = bytearray(RESPONSE_HEADER_BYTES)
+        self._hdr_view = memoryview(self._hdr)
+
+    @classmethod
+    def dial(cls, host, port, timeout):
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(PREAMBLE)
+        return cls(sock)
+
+    def close(self):
+        self.usable = False
+        self.sock.close()
+
+    def settimeout(self, timeout):
+        self.sock.settimeout(timeout)
+
+    def send(self, *bufs):
+        """Writes bufs in order with as few syscalls as the kernel allows (writev)."""
+        try:
+            if len(bufs) == 1:
+                self.sock.sendall(bufs[0])
+                return
+            views = [memoryview(b).cast("B") for b in bufs if len(b)]
+            while views:
+                n = self.sock.sendmsg(views)
+                while views and n >= views[0].nbytes:
+                    n -= views[0].nbytes
+                    views.pop(0)
+                if n:
+                    views[0] = views[0][n:]
+        except OSError:
+            self.usable = False
+            raise
+
+    def recv_into(self, view):
+        """Fills view (a writable memoryview of bytes) from the stream."""
+        n, size = 0, view.nbytes
+        try:
+            while n < size:
+                k = self.sock.recv_into(view[n:], size - n)
+                if k == 0:
+                    raise ConnectionError("kvpool: the node closed the connection")
+                n += k
+        except OSError:
+            self.usable = False
+            raise
+
+    def recv_checksummed(self, view, chunk=256 << 10):
+        """Fills view from the stream and returns the CRC-32C of the bytes,
+        taken piece by piece while they are still in cache."""
+        crc, n, size, done = 0, 0, view.nbytes, 0
+        sock = self.sock
+        try:
+            while n < size:
+                k = sock.recv_into(view[n:], size - n)
+                if k == 0:
+                    raise ConnectionError("kvpool: the node closed the connection")
+                n += k
+                if n - done >= chunk or n == size:
+                    crc = crc32c(view[done:n], crc)
+                    done = n
+        except OSError:
+            self.usable = False
+            raise
+        return crc
+
+    def discard(self, n):
+        """Reads and drops n value bytes, keeping the stream in step."""
+        scratch = memoryview(bytearray(min(n, 1 << 20)))
+        while n > 0:
+            k = min(n, scratch.nbytes)
+            self.recv_into(scratch[:k])
+            n -= k
+
+    def recv_response(self):
+        """Reads the next response header and message. A non-OK status is
+        raised as the exception the code maps to (errors.CODES)."""
+        self.recv_into(self._hdr_view)
+        r = Response()
+        r.status, r.flags, ml, r.crc, r.value_len, r.offset, r.handle = _RESPONSE.unpack(self._hdr)
+        if r.status > 16 or ml > MAX_MESSAGE_BYTES:
+            self.usable = False
+            raise ProtocolError(f"kvpool: malformed response (status {r.status}, message of {ml} bytes)")
+        r.message = ""
+        if ml:
+            msg = bytearray(ml)
+            self.recv_into(memoryview(msg))
+            r.message = msg.decode(errors="replace")
+        if r.flags & FLAG_CLOSE:
+            self.usable = False
+        if r.status:
+            raise errors.from_code(r.status, r.message)
+        return r
+
+    def round_trip(self, request, *prefix):
+        """Sends prefix frames (notifications such as releases) and request,
+        and reads request's response."""
+        self.send(*prefix, request) if prefix else self.send(request)
+        return self.recv_response()

@@ -1,0 +1,264 @@
+"""kvpool.Client against live daemons, on every path."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kvpool
+from kvpool import errors
+from kvpool._crc import crc32c
+from kvpool.daemon import Daemon
+
+from conftest import assert_idle, wait_until
+
+PATHS = ("shm", "data", "grpc")
+
+
+def test_path_chosen(clients, node):
+    for path, c in clients.items():
+        assert c.path == path
+        assert c.node_id == "py-node"
+    with kvpool.Client(node.addr, tenant="py") as auto:
+        assert auto.path == "shm"  # same host
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_round_trip(clients, path):
+    c = clients[path]
+    value = os.urandom((2 << 20) + 13)
+    assert c.put(b"k1", value) == (False, crc32c(value))
+    assert c.put(b"k1", value).existed
+    with pytest.raises(errors.AlreadyExists):
+        c.put(b"k1", os.urandom(len(value)))
+    assert c.get(b"k1") == value
+
+    buf = bytearray(len(value) + 100)
+    assert c.get_into(b"k1", buf) == len(value)
+    assert buf[: len(value)] == value
+    arr = np.zeros(len(value) + 3, dtype=np.uint8)
+    assert c.get_into(b"k1", arr) == len(value)
+    assert arr[: len(value)].tobytes() == value
+    t = torch.zeros(len(value), dtype=torch.uint8)
+    c.get_into(b"k1", t)
+    assert t.numpy().tobytes() == value
+
+    with c.view(b"k1") as v:
+        assert v.size == len(value) and v.crc == crc32c(value)
+        assert bytes(v.data) == value
+        assert v.as_numpy().tobytes() == value
+        assert v.as_tensor().numpy().tobytes() == value
+        v.verify()
+
+    with c.reserve(b"k2", 4096) as r:
+        r.as_numpy()[:] = 7
+        assert r.commit() == (False, crc32c(b"\x07" * 4096))
+    assert c.get(b"k2") == b"\x07" * 4096
+
+    # A numpy array and a tensor are values too.
+    floats = np.arange(1000, dtype=np.float32)
+    c.put(b"k3", floats)
+    assert np.frombuffer(c.get(b"k3"), dtype=np.float32).tolist() == floats.tolist()
+    c.put(b"k4", torch.arange(10, dtype=torch.int64))
+    assert np.frombuffer(c.get(b"k4"), dtype=np.int64).tolist() == list(range(10))
+
+    assert c.exists([b"k1", b"k2", b"nope"]) == [True, True, False]
+    assert c.locate([b"k1", b"k2", b"nope", b"k3"]) == 2
+    blocks, until = c.locate([b"k1"], lease=2.0)
+    assert blocks == 1 and until > time.time() * 1000
+    with pytest.raises(errors.FailedPrecondition):
+        c.remove(b"k1")  # under the lease
+    c.remove(b"k1", force=True)
+    with pytest.raises(errors.NotFound):
+        c.get(b"k1")
+    assert c.remove_many([b"k2", b"k3", b"k4", b"nope"]) == 3
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_batches(clients, path):
+    c = clients[path]
+    items = [(f"b{i}".encode(), os.urandom(1000 + i)) for i in range(20)]
+    res = c.put_many(items)
+    assert all(r == (False, crc32c(v)) for r, (_, v) in zip(res, items))
+    got = c.get_many([k for k, _ in items] + [b"missing"])
+    assert got[:20] == [v for _, v in items]
+    assert isinstance(got[20], errors.NotFound)
+    assert c.remove_many([k for k, _ in items]) == 20
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_input(clients, path):
+    c = clients[path]
+    value = os.urandom(1 << 20)
+    c.put(b"big", value)
+    small = bytearray(b"\xaa" * 1000)
+    with pytest.raises(errors.InvalidArgument):
+        c.get_into(b"big", small)
+    assert small == b"\xaa" * 1000  # not a byte moved into it
+    assert c.get(b"big") == value  # and the connection is still in step
+    with pytest.raises(errors.InvalidArgument):
+        c.get_into(b"big", bytes(2 << 20))  # read-only
+    with pytest.raises(errors.InvalidArgument):
+        c.get_into(b"big", np.zeros((1024, 2048), dtype=np.uint8)[:, ::2])  # not contiguous
+    with pytest.raises(errors.InvalidArgument):
+        c.get(b"")
+    with pytest.raises(errors.InvalidArgument):
+        c.get(b"x" * 129)
+    with pytest.raises(errors.InvalidArgument):
+        c.put(b"empty", b"")
+    with pytest.raises(errors.InvalidArgument):
+        c.scoped(namespace="no spaces")
+    with pytest.raises(errors.NotFound):
+        c.view(b"missing")
+
+    v = c.view(b"big")
+    v.release()
+    v.release()  # idempotent
+    with pytest.raises(errors.FailedPrecondition):
+        v.data
+    with pytest.raises(errors.FailedPrecondition):
+        v.as_numpy()
+    r = c.reserve(b"res", 100)
+    r.abort()
+    with pytest.raises(errors.FailedPrecondition):
+        r.data
+    with pytest.raises(errors.FailedPrecondition):
+        r.commit()
+    with pytest.raises(errors.InvalidArgument):
+        c.reserve(b"res", 0)
+    c.remove(b"big")
+
+
+def test_errors_are_builtin_kinds_too():
+    assert issubclass(errors.InvalidArgument, ValueError)
+    assert issubclass(errors.NotFound, KeyError)
+    assert issubclass(errors.Unavailable, ConnectionError)
+    assert issubclass(errors.DeadlineExceeded, TimeoutError)
+    for cls, code in errors.CODES:
+        e = errors.from_code(code, "m")
+        assert type(e) is cls and e.code == code and str(e) == "m"
+    assert type(errors.from_code(2, "unknown")) is errors.Internal
+    with pytest.raises(errors.InvalidArgument):
+        kvpool.Client("127.0.0.1:1", path="bogus")
+    with pytest.raises(errors.InvalidArgument):
+        kvpool.Client("no-port")
+
+
+def test_shm_view_is_in_place(clients):
+    c = clients["shm"]
+    value = os.urandom(1 << 20)
+    c.put(b"inplace", value)
+    with c.view(b"inplace") as a, c.view(b"inplace") as b:
+        assert a.offset == b.offset >= 0
+        # The same bytes of the arena, not two copies.
+        assert a.as_numpy().ctypes.data == b.as_numpy().ctypes.data
+        assert c.stats().pins == 2
+    c.remove(b"inplace")
+
+
+def test_shm_location_cache_sees_changes(clients, node):
+    c = clients["shm"]
+    other = kvpool.Client(node.addr, tenant="py", namespace="ns-shm", path="grpc")
+    try:
+        first, second = os.urandom(300_000), os.urandom(300_000)
+        c.put(b"cached", first)
+        buf = bytearray(len(first))
+        c.get_into(b"cached", buf)  # remembered
+        c.get_into(b"cached", buf)  # from the cache
+        assert buf == first
+        other.remove(b"cached")
+        with pytest.raises(errors.NotFound):
+            c.get_into(b"cached", buf)  # the version word changed: asks the node
+        other.put(b"cached", second)
+        c.get_into(b"cached", buf)
+        assert buf == second
+        c.remove(b"cached")
+    finally:
+        other.close()
+
+
+def test_many_threads_share_a_client(clients):
+    for path in ("shm", "data"):
+        c = clients[path]
+        values = {f"t{i}".encode(): os.urandom(200_000) for i in range(8)}
+        for k, v in values.items():
+            c.put(k, v)
+        failures = []
+
+        def reader(k):
+            buf = bytearray(200_000)
+            for _ in range(30):
+                c.get_into(k, buf)
+                if buf != values[k]:
+                    failures.append(k)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in values]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures
+        c.remove_many(list(values))
+
+
+def test_close_keeps_held_views_valid(node):
+    c = kvpool.Client(node.addr, tenant="py", namespace="close", path="shm")
+    value = os.urandom(1 << 20)
+    c.put(b"held", value)
+    v = c.view(b"held")
+    arr = v.as_numpy()
+    c.close()
+    c.close()  # idempotent
+    assert arr.tobytes() == value  # still mapped: no fault
+    assert bytes(v.data) == value
+    v.release()
+    for call in (lambda: c.get(b"held"), lambda: c.put(b"x", b"y"), lambda: c.view(b"held")):
+        with pytest.raises(errors.Unavailable):
+            call()
+    with kvpool.Client(node.addr, tenant="py", namespace="close", path="grpc") as g:
+        assert_idle(g)  # the node dropped the closed session's pins
+        g.remove(b"held")
+
+
+@pytest.mark.parametrize("path", ("shm", "data"))
+def test_daemon_killed_during_reads(kvpool_bin, tmp_path, path):
+    d = Daemon.start("py-victim", tmp_path, capacity="128MiB", standalone=True, binary=kvpool_bin)
+    try:
+        c = kvpool.Client(d.addr, tenant="py", namespace="victim", path=path, timeout=2.0)
+        value = os.urandom(32 << 20)
+        c.put(b"big", value)
+        held = c.view(b"big")
+        started, failure = threading.Event(), []
+
+        def reader():
+            buf = np.empty(len(value), dtype=np.uint8)
+            try:
+                while True:
+                    c.get_into(b"big", buf)
+                    started.set()
+            except errors.KVPoolError as e:
+                failure.append((e, time.monotonic()))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        assert started.wait(10)
+        d.kill()
+        killed = time.monotonic()
+        t.join(10)
+        assert not t.is_alive()
+        err, at = failure[0]
+        if path == "data" or not isinstance(err, errors.Unavailable):
+            assert isinstance(err, errors.Unavailable), repr(err)
+        assert at - killed < 2.0 + 1.0  # within the client's timeout
+        # A shm view outlives its node: the pages are still mapped.
+        assert bytes(held.data[:1000]) == value[:1000]
+        held.release()
+        if path == "data":
+            with pytest.raises(errors.Unavailable):
+                c.get(b"big")
+        c.close()
+    finally:
+        d.kill()

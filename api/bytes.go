@@ -253,7 +253,8 @@ type Reservation struct {
 // Commit. It MUST NOT be used after Commit or Abort.
 func (r *Reservation) Bytes() []byte { return r.mem }
 
-// Commit publishes the reservation as a block; the node checksums it.
+// Commit publishes the reservation as a block, with the checksum of its
+// bytes taken here, where they are still in cache.
 func (r *Reservation) Commit(ctx context.Context) (PutResult, error) {
 	if r.done {
 		return PutResult{}, fmt.Errorf("%w: reservation already ended", ErrFailedPrecondition)
@@ -262,7 +263,11 @@ func (r *Reservation) Commit(ctx context.Context) (PutResult, error) {
 	if r.s == nil {
 		return r.path.put(ctx, r.k, r.mem, 0)
 	}
-	return r.s.commit(ctx, r.handle, 0)
+	var crc uint32
+	if err := r.s.mapped(func() error { crc = Checksum(r.mem); return nil }); err != nil {
+		return PutResult{}, err
+	}
+	return r.s.commit(ctx, r.handle, 0, crc)
 }
 
 // Abort gives the space back. It is a no-op after Commit or Abort.

@@ -390,10 +390,11 @@ func (s *shmPath) reserve(ctx context.Context, k BlockKey, size int) (*Reservati
 	return res, nil
 }
 
-// commit publishes the reservation handle; copies > 1 also has the node
-// place copies on other nodes.
-func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32) (PutResult, error) {
-	resp, err := s.roundTrip(ctx, &wire.Request{Op: wire.OpCommit, Handle: handle, Replicas: copies})
+// commit publishes the reservation handle with crc, the checksum of the
+// bytes this client wrote (see wire.FlagWriterChecksum); copies > 1 also
+// has the node place copies on other nodes.
+func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc uint32) (PutResult, error) {
+	resp, err := s.roundTrip(ctx, &wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: handle, Replicas: copies})
 	if err != nil {
 		return PutResult{}, err
 	}
@@ -406,11 +407,15 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 	if err != nil {
 		return PutResult{}, err
 	}
+	// The checksum reads value from the caller's memory on another core
+	// while this one copies it (see checksumAsync).
+	crc := checksumAsync(value)
 	if err := s.mapped(func() error { copy(res.mem, value); return nil }); err != nil {
+		crc()
 		return PutResult{}, err
 	}
 	res.done = true
-	return s.commit(ctx, res.handle, copies)
+	return s.commit(ctx, res.handle, copies, crc())
 }
 
 func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {

@@ -554,3 +554,42 @@ func TestPutStreamWithoutMessages(t *testing.T) {
 	}
 	intact(t, n, c, s)
 }
+
+// A commit with the writer's checksum stores that checksum without reading
+// the block; a wrong one is caught by every reader that crosses a socket,
+// never served as good bytes. With FlagChecksum as well the node verifies.
+func TestShmCommitWriterChecksum(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n, api.PathData)
+	raw := shmRaw(t, n)
+	commit := func(key string, flags uint8, crc uint32) wire.Response {
+		t.Helper()
+		req := wire.Request{Op: wire.OpReserve, ValueLen: 5000, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte(key)}
+		raw.Write(wire.AppendRequest(nil, &req))
+		var resp wire.Response
+		if err := wire.ReadResponse(raw, &resp); err != nil || resp.Status != 0 {
+			t.Fatalf("reserve: %v %+v", err, resp)
+		}
+		raw.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpCommit, Flags: flags, CRC: crc, Handle: resp.Handle}))
+		if err := wire.ReadResponse(raw, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	zeros := make([]byte, 5000)
+	if resp := commit("right", wire.FlagWriterChecksum, api.Checksum(zeros)); resp.Status != 0 || resp.CRC != api.Checksum(zeros) {
+		t.Fatalf("commit with the right writer crc: %+v", resp)
+	}
+	if got, err := c.GetValue(context.Background(), api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("right")}); err != nil || !bytes.Equal(got, zeros) {
+		t.Fatalf("get: %v", err)
+	}
+	if resp := commit("wrong", wire.FlagWriterChecksum, 12345); resp.Status != 0 || resp.CRC != 12345 {
+		t.Fatalf("commit with a wrong writer crc: %+v (stored as given)", resp)
+	}
+	if _, err := c.GetValue(context.Background(), api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("wrong")}); !errors.Is(err, api.ErrDataLoss) {
+		t.Fatalf("get of a block stored with a wrong writer crc: %v, want DataLoss", err)
+	}
+	if resp := commit("both", wire.FlagWriterChecksum|wire.FlagChecksum, 12345); codes.Code(resp.Status) != codes.DataLoss {
+		t.Fatalf("commit with both flags and a wrong crc: %+v, want DataLoss", resp)
+	}
+}

@@ -203,7 +203,8 @@ func (d *dataConn) handle() error {
 			return d.respondErr(api.Errorf(api.ErrFailedPrecondition, "pool: no open reservation %d in this session", r.Handle))
 		}
 		delete(d.sess.res, r.Handle)
-		cr, err := st.Commit(res, 0, false, r.CRC, r.Flags&wire.FlagChecksum != 0)
+		verify := r.Flags&wire.FlagChecksum != 0
+		cr, err := st.Commit(res, r.CRC, !verify && r.Flags&wire.FlagWriterChecksum != 0, r.CRC, verify)
 		if err == nil && r.Replicas > 1 {
 			tenant, namespace, key := res.Name()
 			err = d.replicate([]byte(tenant), []byte(namespace), key)

@@ -94,8 +94,9 @@ const (
 	// writer: the response carries the offset and a handle.
 	OpReserve
 	// OpCommit commits the reservation Handle; FlagChecksum asks the node
-	// to check CRC against the bytes it finds, and Replicas asks for
-	// copies as a Put does.
+	// to check CRC against the bytes it finds, FlagWriterChecksum hands it
+	// the writer's CRC to store as it is, and Replicas asks for copies as
+	// a Put does.
 	OpCommit
 	// OpAbort abandons the reservation Handle. It has no response.
 	OpAbort
@@ -127,11 +128,20 @@ const (
 	FlagLease = 1 << 1
 	// FlagForce (Remove): remove the block even under a read lease.
 	FlagForce = 1 << 2
+	// FlagWriterChecksum (Commit): CRC is the checksum the same-host
+	// writer took of the bytes it wrote in place, while they were in its
+	// cache; the node stores it without reading the block again. Reading
+	// 2 MiB that another core just wrote is most of a commit's cost, and
+	// the check proves little on this path: the writer holds the mapping
+	// and could change the bytes after any check. A wrong CRC is caught by
+	// every reader that crosses a socket (DataLoss), never served as good.
+	// With FlagChecksum as well, the node verifies instead.
+	FlagWriterChecksum = 1 << 3
 )
 
 // flagsAllowed are the request flags each op accepts.
 var flagsAllowed = [opCount]uint8{
-	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum,
+	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum | FlagWriterChecksum,
 }
 
 // Response flags.

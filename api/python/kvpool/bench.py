@@ -1,0 +1,288 @@
+"""python3 -m kvpool.bench: throughput of the Python client against Python's
+own limits, measured in the same run.
+
+Each row measures one operation over one path with N clients (threads,
+each with its own Client and connections) and, beside it, the baseline it
+must be judged against, with as many threads. Baselines are Python's own
+and mirror the operation's memory traffic, as `kvpool node bench` does: a
+get reads a block from a working set of WORKING_SET bytes (the arena) into
+the caller's one buffer, a put writes the caller's one buffer into the
+working set.
+
+  get  data   recv_into: a loopback TCP connection in this process whose
+              other end streams blocks of the same size from the working
+              set, received with recv_into into one buffer, unchecked
+  put  data   send: the same, the other way (sendall of one buffer,
+              received into the working set)
+  get  shm    numpy copyto of the same size out of the working set
+  put  shm    numpy copyto of the same size into the working set
+  view shm    as get; a view moves no bytes, so its figure is the block
+              size over the time to pin, hand out and release it
+  get, put grpc   as data: grpcio beside the raw socket, for reference
+
+Half of each baseline runs before the measured phase and half after, so a
+noisy machine's drift hits both. Without --server it starts a standalone
+daemon (kvpool.daemon.find_binary). Results go to stdout (--json for
+machines), progress to stderr.
+"""
+
+import argparse
+import json
+import os
+import queue
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from .client import Client
+from .daemon import Daemon
+
+WORKING_SET = 128 << 20
+
+BASELINES = {("get", "data"): "recv_into", ("put", "data"): "send", ("get", "grpc"): "recv_into", ("put", "grpc"): "send",
+             ("get", "shm"): "copyto", ("put", "shm"): "copyto", ("view", "shm"): "copyto"}
+
+
+def parse_size(s):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 1000, "MB": 10 ** 6, "B": 1}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * m)
+    return int(s)
+
+
+class _Worker:
+    """One client thread's state: its Client, buffers and keys."""
+
+    def __init__(self, server, path, size, index, blocks, working_set, baseline, put_traffic):
+        self.client = Client(server, tenant="bench", namespace=f"py-{path}", path=path)
+        self.size, self.index = size, index
+        self.src = np.random.default_rng(index).integers(0, 256, size, dtype=np.uint8)
+        self.dst = np.empty(size, dtype=np.uint8)
+        self.keys = blocks
+        self.seq = 0
+        self.base_seq = index * 7
+        self.working_set = working_set
+        self.put_traffic = put_traffic
+        self.raw = None
+        if baseline in ("recv_into", "send"):
+            ws_frames = [memoryview(working_set[o:o + size]) for o in range(0, working_set.size - size + 1, size)]
+            self.raw = _RawLink(size, [memoryview(self.src)] if put_traffic else ws_frames)
+        # Put keeps the arena from filling the way eviction would, as
+        # `kvpool node bench` does: a helper thread removes this client's
+        # blocks in batches of 8 once they are more than 8 puts old, off
+        # the put path.
+        self.evict = queue.Queue()
+        self._remover = threading.Thread(target=self._remove_old, daemon=True)
+        self._remover.start()
+
+    def _remove_old(self, keep=8, batch=8):
+        ring = []
+        while True:
+            k = self.evict.get()
+            if k is None:
+                break
+            ring.append(k)
+            if len(ring) >= keep + batch:
+                self.client.remove_many(ring[:batch])
+                del ring[:batch]
+        if ring:
+            self.client.remove_many(ring)
+
+    def op(self, name):
+        c = self.client
+        if name == "get":
+            key = self.keys[self.seq % len(self.keys)]
+            self.seq += 1
+            c.get_into(key, self.dst)
+        elif name == "view":
+            key = self.keys[self.seq % len(self.keys)]
+            self.seq += 1
+            c.view(key).release()
+        elif name == "put":
+            self.seq += 1
+            key = f"p{self.index}-{self.seq}-{os.getpid()}".encode()
+            c.put(key, self.src)
+            self.evict.put(key)
+
+    def baseline(self, name):
+        ws = self.working_set
+        frame = self.base_seq % (ws.size // self.size) * self.size
+        self.base_seq += 1
+        if name == "copyto":
+            if self.put_traffic:
+                np.copyto(ws[frame:frame + self.size], self.src)
+            else:
+                np.copyto(self.dst, ws[frame:frame + self.size])
+        else:
+            self.raw.receive(memoryview(ws[frame:frame + self.size]) if self.put_traffic else memoryview(self.dst))
+
+    def close(self):
+        self.evict.put(None)
+        self._remover.join()
+        self.client.close()
+        if self.raw is not None:
+            self.raw.close()
+
+
+class _RawLink:
+    """A loopback TCP connection inside this process: a thread streams
+    block after block into it (from the working set for get traffic, from
+    one buffer for put traffic) and receive() reads one block out with
+    recv_into."""
+
+    def __init__(self, size, frames):
+        ls = socket.create_server(("127.0.0.1", 0))
+        self.rx = socket.create_connection(ls.getsockname())
+        self.tx, _ = ls.accept()
+        ls.close()
+        for sk in (self.rx, self.tx):
+            sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.size, self.frames = size, frames
+        self._sender = threading.Thread(target=self._send, daemon=True)
+        self._sender.start()
+
+    def _send(self):
+        i = 0
+        try:
+            while True:
+                self.tx.sendall(self.frames[i % len(self.frames)])
+                i += 1
+        except OSError:
+            pass  # closed
+
+    def receive(self, view):
+        n = 0
+        while n < self.size:
+            k = self.rx.recv_into(view[n:], self.size - n)
+            if k == 0:
+                raise ConnectionError("raw link closed")
+            n += k
+
+    def close(self):
+        self.rx.close()
+        self.tx.close()
+        self._sender.join()
+
+
+def _run(workers, fn, seconds):
+    """Runs fn(worker) in a loop on every worker's thread for seconds;
+    returns (operations, latencies in seconds)."""
+    counts, lats = [0] * len(workers), [[] for _ in workers]
+    start = threading.Barrier(len(workers) + 1)
+    errors = []
+
+    def loop(i, w):
+        start.wait()
+        end = time.perf_counter() + seconds
+        try:
+            while True:
+                t = time.perf_counter()
+                if t >= end:
+                    break
+                fn(w)
+                lats[i].append(time.perf_counter() - t)
+                counts[i] += 1
+        except Exception as e:  # reported by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop, args=(i, w)) for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(counts), [x for l in lats for x in l]
+
+
+def bench_row(server, op, path, clients, size, seconds, rounds, log):
+    blocks = [f"b{i}".encode() for i in range(max(WORKING_SET // size, 1))]  # gets cycle through the working set
+    base = BASELINES[(op, path)]
+    working_set = np.random.default_rng(99).integers(0, 256, max(WORKING_SET, size), dtype=np.uint8)
+    workers = [_Worker(server, path, size, i, blocks, working_set, base, op == "put") for i in range(clients)]
+    try:
+        if op in ("get", "view"):
+            for k in blocks:
+                workers[0].client.put(k, workers[0].src)
+            for w in workers:  # warm: the shm location cache, the pools
+                for k in blocks:
+                    w.client.get_into(k, w.dst)
+        ops = base_ops = 0
+        base_time = meas_time = 0.0
+        lats = []
+        for _ in range(rounds):
+            n, _ = _run(workers, lambda w: w.baseline(base), seconds / 2)
+            base_ops += n
+            n, l = _run(workers, lambda w: w.op(op), seconds)
+            ops += n
+            lats += l
+            n, _ = _run(workers, lambda w: w.baseline(base), seconds / 2)
+            base_ops += n
+            base_time += seconds
+            meas_time += seconds
+        gbps = ops * size / meas_time / 1e9
+        base_gbps = base_ops * size / base_time / 1e9
+        lats.sort()
+        row = {"op": op, "path": path, "clients": clients, "block_bytes": size, "gbps": round(gbps, 3),
+               "baseline": base, "baseline_gbps": round(base_gbps, 3), "ratio": round(gbps / base_gbps, 3) if base_gbps else None,
+               "ops": ops, "p50_us": round(lats[len(lats) // 2] * 1e6, 1) if lats else None,
+               "p99_us": round(lats[int(len(lats) * 0.99)] * 1e6, 1) if lats else None}
+        log(f"{op} {path} x{clients}: {gbps:.2f} GB/s, {base} {base_gbps:.2f} GB/s, ratio {row['ratio']}")
+        return row
+    finally:
+        for w in workers:
+            w.close()
+        with Client(server, tenant="bench", namespace=f"py-{path}", path="grpc") as c:
+            c.remove_many(blocks)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m kvpool.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--server", help="node to measure, host:port (default: start a standalone daemon)")
+    p.add_argument("--op", default="all", choices=["get", "put", "view", "all"], help="operation (default all)")
+    p.add_argument("--path", default="all", choices=["shm", "data", "grpc", "all"], help="path (default all)")
+    p.add_argument("--clients", default="1,4", help="comma-separated client counts (default 1,4)")
+    p.add_argument("--block-size", default="2MiB", help="value size (default 2MiB)")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds of each measured phase; the baseline takes as long again (default 2)")
+    p.add_argument("--rounds", type=int, default=1, help="baseline-half, measure, baseline-half repeats (default 1)")
+    p.add_argument("--capacity", default="2GiB", help="arena of the daemon it starts (default 2GiB)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = p.parse_args(argv)
+    size = parse_size(args.block_size)
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    daemon = None
+    server = args.server
+    if not server:
+        daemon = Daemon.start("py-bench", tempfile.mkdtemp(prefix="kvpool-bench-"), capacity=args.capacity, standalone=True)
+        server = daemon.addr
+    rows = []
+    try:
+        paths = ["shm", "data", "grpc"] if args.path == "all" else [args.path]
+        ops = ["get", "put", "view"] if args.op == "all" else [args.op]
+        for path in paths:
+            for op in ops:
+                if (op, path) not in BASELINES:
+                    continue
+                for n in (int(x) for x in args.clients.split(",")):
+                    rows.append(bench_row(server, op, path, n, size, args.duration, args.rounds, log))
+    finally:
+        if daemon:
+            daemon.stop()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{'op':5} {'path':5} {'clients':>7} {'GB/s':>8} {'baseline':>10} {'GB/s':>8} {'ratio':>6} {'p50 us':>8} {'p99 us':>8}")
+        for r in rows:
+            print(f"{r['op']:5} {r['path']:5} {r['clients']:>7} {r['gbps']:>8.2f} {r['baseline']:>10} {r['baseline_gbps']:>8.2f} "
+                  f"{r['ratio'] if r['ratio'] is not None else '-':>6} {r['p50_us']:>8} {r['p99_us']:>8}")
+
+
+if __name__ == "__main__":
+    main()

@@ -7,42 +7,30 @@ rest. Its tokens and logits must be those of recomputing everything, also
 when a block on A is corrupt and when A dies in the middle of the fetch."""
 
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import kvpool
-from kvpool.daemon import Daemon
-from kvpool.engine import PROFILE_MODEL, profile_document
+from kvpool.demo import BLOCK_TOKENS, engine_command, engine_env, prompts, run_engine, start_cluster
 from kvpool.kvcache import Layout
 from kvpool.model import ModelConfig
 
 from conftest import wait_until
 
 SHARED, PROMPT, NEW = 768, 1024, 32
-BLOCK_TOKENS = 64  # 4 pages of 16
-PY = sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3"
 FIGURES = []  # printed at the end of the module: the closing note's figures
 
 
 @pytest.fixture(scope="module")
 def cluster(kvpool_bin, tmp_path_factory):
     d = tmp_path_factory.mktemp("engine")
-    # The daemons plan for this model: its KV shape, and the CPU prefill
-    # speed measured on machines like this one (the engine also reports
-    # its own).
-    profile = d / "tiny.json"
-    profile.write_text(json.dumps(profile_document(ModelConfig(), 4000.0)))
-    flags = ["--accelerator", "cpu", "--model", PROFILE_MODEL, "--block-tokens", str(BLOCK_TOKENS), "--profiles", str(profile)]
-    # B runs the embedded etcd, so A can die without taking the cluster map.
-    b = Daemon.start("engine-b", d / "b", extra=flags, binary=kvpool_bin)
-    a = Daemon.start("engine-a", d / "a", etcd_url=b.etcd_url, extra=flags, binary=kvpool_bin)
-    rng = np.random.default_rng(7)
-    prompt_a = rng.integers(0, 4096, PROMPT).tolist()
-    prompt_b = prompt_a[:SHARED] + rng.integers(0, 4096, PROMPT - SHARED).tolist()
+    # The daemons plan for this model (its KV shape, and a CPU prefill
+    # speed like this machine's); B runs the embedded etcd, so A can die
+    # without taking the cluster map with it.
+    a, b = start_cluster(d / "nodes", kvpool_bin)
+    prompt_a, prompt_b = prompts(PROMPT, SHARED)
     (d / "a.json").write_text(json.dumps(prompt_a))
     (d / "b.json").write_text(json.dumps(prompt_b))
     yield {"a": a, "b": b, "dir": d, "prompt_a": prompt_a}
@@ -50,17 +38,6 @@ def cluster(kvpool_bin, tmp_path_factory):
         daemon.stop()
     if FIGURES:
         print("\n" + "\n".join(FIGURES))
-
-
-def engine_args(server, tenant, prompt, *extra):
-    return [PY, "-m", "kvpool.engine", "--server", server, "--tenant", tenant, "--prompt", str(prompt), "--threads", "2", *extra]
-
-
-def run_engine(*args):
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(kvpool.__file__)))
-    r = subprocess.run(engine_args(*args), env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def namespace():
@@ -134,9 +111,8 @@ def test_corrupt_block_is_recomputed(cluster, reference):
 def test_holder_killed_mid_fetch(cluster, reference):
     save_on_a(cluster, "kill")
     d = cluster["dir"]
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(kvpool.__file__)))
-    p = subprocess.Popen(engine_args(cluster["b"].addr, "kill", d / "b.json", "--new-tokens", str(NEW), "--logits", str(d / "kill.npy"),
-                                     "--pause-between-fetches"), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(engine_command(cluster["b"].addr, "kill", d / "b.json", "--new-tokens", str(NEW), "--logits", str(d / "kill.npy"),
+                                        "--pause-between-fetches"), env=engine_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         paused = json.loads(p.stdout.readline())
         half = paused["paused"]

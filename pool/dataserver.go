@@ -54,6 +54,8 @@ type dataServer struct {
 	log         *slog.Logger
 	ioTimeout   time.Duration
 	idleTimeout time.Duration
+	spinWait    time.Duration // see ServerConfig.SpinWait
+	spinners    *spinners     // shared by every connection's reader
 	// hello is what a same-host client receives first: the Hello and the
 	// descriptors of the segment and of the version words.
 	hello func() (*wire.Hello, []int)
@@ -117,10 +119,26 @@ func (s *dataServer) serveShm(c *net.UnixConn) {
 	s.serve(context.Background(), c, newSession())
 }
 
+// reservationSpin is how long a session with an open reservation polls for
+// its commit: about the time to fill 8 MiB at memory speed.
+const reservationSpin = time.Millisecond
+
 // serve runs one data connection until the peer closes it, a frame is
 // malformed, or the node shuts down (which closes c).
 func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
-	d := &dataConn{ctx: ctx, s: s, c: c, br: bufio.NewReaderSize(c, 64<<10), hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
+	d := &dataConn{ctx: ctx, s: s, c: c, hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
+	var spin func() time.Duration
+	if s.spinWait > 0 {
+		spin = func() time.Duration {
+			// A same-host writer holding a reservation is filling it and
+			// commits the moment it is done: stay awake for that.
+			if len(sess.res) > 0 {
+				return max(s.spinWait, reservationSpin)
+			}
+			return s.spinWait
+		}
+	}
+	d.br = bufio.NewReaderSize(newPollingReader(c, spin, s.spinners), 64<<10)
 	defer sess.end(s.store)
 	for ctx.Err() == nil {
 		c.SetReadDeadline(time.Now().Add(s.idleTimeout))

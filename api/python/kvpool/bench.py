@@ -1,8 +1,8 @@
 """python3 -m kvpool.bench: throughput of the Python client against Python's
 own limits, measured in the same run.
 
-Each row measures one operation over one path with N clients (threads,
-each with its own Client and connections) and, beside it, the baseline it
+Each row measures one operation over one path with N clients (processes,
+as engine workers are, each with its own Client and connections) and, beside it, the baseline it
 must be judged against, with as many threads. Baselines are Python's own
 and mirror the operation's memory traffic, as `kvpool node bench` does: a
 get reads a block from a working set of WORKING_SET bytes (the arena) into
@@ -28,6 +28,7 @@ machines), progress to stderr.
 
 import argparse
 import json
+import multiprocessing
 import os
 import queue
 import socket
@@ -73,25 +74,21 @@ class _Worker:
             ws_frames = [memoryview(working_set[o:o + size]) for o in range(0, working_set.size - size + 1, size)]
             self.raw = _RawLink(size, [memoryview(self.src)] if put_traffic else ws_frames)
         # Put keeps the arena from filling the way eviction would, as
-        # `kvpool node bench` does: a helper thread removes this client's
-        # blocks in batches of 8 once they are more than 8 puts old, off
-        # the put path.
+        # `kvpool node bench` does: once this client has put 16 blocks more
+        # than it removed, a helper thread removes the oldest 8 in one
+        # pipelined round trip, off the put path (and woken once per 8
+        # puts, not per put).
+        self.live = []
         self.evict = queue.Queue()
         self._remover = threading.Thread(target=self._remove_old, daemon=True)
         self._remover.start()
 
-    def _remove_old(self, keep=8, batch=8):
-        ring = []
+    def _remove_old(self):
         while True:
-            k = self.evict.get()
-            if k is None:
+            batch = self.evict.get()
+            if batch is None:
                 break
-            ring.append(k)
-            if len(ring) >= keep + batch:
-                self.client.remove_many(ring[:batch])
-                del ring[:batch]
-        if ring:
-            self.client.remove_many(ring)
+            self.client.remove_many(batch)
 
     def op(self, name):
         c = self.client
@@ -107,7 +104,10 @@ class _Worker:
             self.seq += 1
             key = f"p{self.index}-{self.seq}-{os.getpid()}".encode()
             c.put(key, self.src)
-            self.evict.put(key)
+            self.live.append(key)
+            if len(self.live) >= 16:
+                self.evict.put(self.live[:8])
+                del self.live[:8]
 
     def baseline(self, name):
         ws = self.working_set
@@ -122,6 +122,8 @@ class _Worker:
             self.raw.receive(memoryview(ws[frame:frame + self.size]) if self.put_traffic else memoryview(self.dst))
 
     def close(self):
+        if self.live:
+            self.evict.put(self.live)
         self.evict.put(None)
         self._remover.join()
         self.client.close()
@@ -169,65 +171,90 @@ class _RawLink:
         self._sender.join()
 
 
-def _run(workers, fn, seconds):
-    """Runs fn(worker) in a loop on every worker's thread for seconds;
-    returns (operations, latencies in seconds)."""
-    counts, lats = [0] * len(workers), [[] for _ in workers]
-    start = threading.Barrier(len(workers) + 1)
-    errors = []
+def _loop(fn, seconds, start_at):
+    """Runs fn in a loop from start_at (time.time()) for seconds; returns
+    (operations, latencies in seconds)."""
+    while time.time() < start_at:
+        time.sleep(min(0.001, max(0.0, start_at - time.time())))
+    end = time.perf_counter() + seconds
+    n, lats = 0, []
+    while True:
+        t = time.perf_counter()
+        if t >= end:
+            return n, lats
+        fn()
+        lats.append(time.perf_counter() - t)
+        n += 1
 
-    def loop(i, w):
-        start.wait()
-        end = time.perf_counter() + seconds
-        try:
-            while True:
-                t = time.perf_counter()
-                if t >= end:
-                    break
-                fn(w)
-                lats[i].append(time.perf_counter() - t)
-                counts[i] += 1
-        except Exception as e:  # reported by the caller
-            errors.append(e)
 
-    threads = [threading.Thread(target=loop, args=(i, w)) for i, w in enumerate(workers)]
-    for t in threads:
-        t.start()
-    start.wait()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(counts), [x for l in lats for x in l]
+def _client_process(conn, server, op, path, size, index, blocks, base):
+    """One client of a row, in its own process (as each engine worker is:
+    no GIL shared between clients). It answers the parent's phases."""
+    working_set = np.random.default_rng(99).integers(0, 256, max(WORKING_SET, size), dtype=np.uint8)
+    w = _Worker(server, path, size, index, blocks, working_set, base, op == "put")
+    try:
+        if op in ("get", "view"):
+            for k in blocks:  # warm: the shm location cache, the connections
+                w.client.get_into(k, w.dst)
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            phase, seconds, start_at = msg
+            fn = (lambda: w.baseline(base)) if phase == "baseline" else (lambda: w.op(op))
+            conn.send(_loop(fn, seconds, start_at))
+    except Exception as e:
+        conn.send(e)
+    finally:
+        w.close()
 
 
 def bench_row(server, op, path, clients, size, seconds, rounds, log):
     blocks = [f"b{i}".encode() for i in range(max(WORKING_SET // size, 1))]  # gets cycle through the working set
     base = BASELINES[(op, path)]
-    working_set = np.random.default_rng(99).integers(0, 256, max(WORKING_SET, size), dtype=np.uint8)
-    workers = [_Worker(server, path, size, i, blocks, working_set, base, op == "put") for i in range(clients)]
-    try:
-        if op in ("get", "view"):
+    if op in ("get", "view"):
+        value = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+        with Client(server, tenant="bench", namespace=f"py-{path}") as c:
             for k in blocks:
-                workers[0].client.put(k, workers[0].src)
-            for w in workers:  # warm: the shm location cache, the pools
-                for k in blocks:
-                    w.client.get_into(k, w.dst)
+                c.put(k, value)
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    try:
+        for i in range(clients):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_client_process, args=(child, server, op, path, size, i, blocks, base), daemon=True)
+            p.start()
+            pipes.append(parent)
+            procs.append(p)
+        for c in pipes:
+            ready = c.recv()
+            if isinstance(ready, Exception):
+                raise ready
+
+        def phase(name, secs):
+            start_at = time.time() + 0.05
+            for c in pipes:
+                c.send((name, secs, start_at))
+            n, lats = 0, []
+            for c in pipes:
+                r = c.recv()
+                if isinstance(r, Exception):
+                    raise r
+                n += r[0]
+                lats += r[1]
+            return n, lats
+
         ops = base_ops = 0
-        base_time = meas_time = 0.0
         lats = []
         for _ in range(rounds):
-            n, _ = _run(workers, lambda w: w.baseline(base), seconds / 2)
-            base_ops += n
-            n, l = _run(workers, lambda w: w.op(op), seconds)
+            base_ops += phase("baseline", seconds / 2)[0]
+            n, l = phase("measure", seconds)
             ops += n
             lats += l
-            n, _ = _run(workers, lambda w: w.baseline(base), seconds / 2)
-            base_ops += n
-            base_time += seconds
-            meas_time += seconds
-        gbps = ops * size / meas_time / 1e9
-        base_gbps = base_ops * size / base_time / 1e9
+            base_ops += phase("baseline", seconds / 2)[0]
+        gbps = ops * size / (seconds * rounds) / 1e9
+        base_gbps = base_ops * size / (seconds * rounds) / 1e9
         lats.sort()
         row = {"op": op, "path": path, "clients": clients, "block_bytes": size, "gbps": round(gbps, 3),
                "baseline": base, "baseline_gbps": round(base_gbps, 3), "ratio": round(gbps / base_gbps, 3) if base_gbps else None,
@@ -236,8 +263,13 @@ def bench_row(server, op, path, clients, size, seconds, rounds, log):
         log(f"{op} {path} x{clients}: {gbps:.2f} GB/s, {base} {base_gbps:.2f} GB/s, ratio {row['ratio']}")
         return row
     finally:
-        for w in workers:
-            w.close()
+        for c in pipes:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in procs:
+            p.join(30)
         with Client(server, tenant="bench", namespace=f"py-{path}", path="grpc") as c:
             c.remove_many(blocks)
 

@@ -17,6 +17,7 @@ Conn moves values straight between the socket and the caller's buffer
 import select
 import socket
 import struct
+import threading
 import time
 
 from . import errors
@@ -99,7 +100,11 @@ def version_segment_bytes(words):
 # sleeps in poll(2). Waking a sleeping thread (a vCPU, on a VM) costs tens
 # of microseconds, more than most waits for a node's answer: spinning
 # halves a small round trip (70 to 27 us on a unix socket here).
-SPIN_SECONDS = 200e-6
+SPIN_SECONDS = 50e-6
+# One thread of the process spins at a time; the others sleep in poll(2).
+# Spinning threads would take turns on the GIL and on the cores the node
+# and the copies need.
+_spinner = threading.Lock()
 
 
 class Conn:
@@ -136,17 +141,26 @@ class Conn:
     def _recv(self, view, n):
         """Receives up to n bytes into view: at least one, or EOF (0)."""
         recv_into = self.sock.recv_into
-        end = 0.0
+        try:
+            return recv_into(view, n)
+        except (BlockingIOError, InterruptedError):
+            pass
+        if _spinner.acquire(False):
+            try:
+                end = time.perf_counter() + SPIN_SECONDS
+                while time.perf_counter() < end:
+                    try:
+                        return recv_into(view, n)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+            finally:
+                _spinner.release()
         while True:
+            self._block(select.POLLIN)
             try:
                 return recv_into(view, n)
             except (BlockingIOError, InterruptedError):
                 pass
-            if not end:
-                end = time.perf_counter() + SPIN_SECONDS
-            elif time.perf_counter() > end:
-                self._block(select.POLLIN)
-                end = 0.0
 
     def _block(self, event):
         p = select.poll()

@@ -1,0 +1,105 @@
+package pool
+
+import (
+	"io"
+	"net"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pollingReader reads a connection's socket without letting its goroutine
+// sleep while the next bytes are likely moments away: a read that finds
+// nothing retries for up to spin before it parks in the netpoller as a
+// plain Read would. The socket is non-blocking (Go's runtime makes it so),
+// so each retry is one read(2). Deadlines set on the connection still
+// bound the parked wait; the spin itself is bounded by spin.
+type pollingReader struct {
+	rc       syscall.RawConn
+	spin     func() time.Duration // how long the next read may spin
+	spinners *spinners
+}
+
+// spinners bounds how many readers of a node spin at once: half its
+// processors (at least one), so spinning never starves the work it waits
+// for, the node's own or its clients' on the same host.
+type spinners struct {
+	n   atomic.Int32
+	max int32
+}
+
+func newSpinners() *spinners { return &spinners{max: int32(max(1, runtime.GOMAXPROCS(0)/2))} }
+
+// enter takes a spinning slot, or reports that none is free.
+func (s *spinners) enter() bool {
+	if s.n.Add(1) > s.max {
+		s.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *spinners) exit() { s.n.Add(-1) }
+
+// newPollingReader is c itself when spin is nil or c has no socket to
+// poll. Spinning readers share the slots of sp.
+func newPollingReader(c net.Conn, spin func() time.Duration, sp *spinners) io.Reader {
+	sc, ok := c.(syscall.Conn)
+	if spin == nil || !ok {
+		return c
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	return &pollingReader{rc: rc, spin: spin, spinners: sp}
+}
+
+func (r *pollingReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	var rerr error
+	var until time.Time
+	spinning := false
+	err := r.rc.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = unix.Read(int(fd), p)
+			switch {
+			case rerr == unix.EINTR:
+				continue
+			case rerr != unix.EAGAIN:
+				return true
+			}
+			now := time.Now()
+			if until.IsZero() {
+				until = now.Add(r.spin())
+				if spinning = r.spinners.enter(); !spinning {
+					return false
+				}
+			} else if now.After(until) {
+				if spinning {
+					r.spinners.exit()
+					spinning = false
+				}
+				return false // sleep until the socket is readable
+			}
+		}
+	})
+	if spinning {
+		r.spinners.exit()
+	}
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}

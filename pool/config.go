@@ -303,6 +303,9 @@ func (c *ServerConfig) validate() []error {
 	if c.IOTimeout < 0 || c.IdleTimeout < 0 {
 		p.add("io and idle timeouts must not be negative")
 	}
+	if c.SpinWait > 10*time.Millisecond {
+		p.add("spin wait %v: at most 10ms (it is CPU spent per request; negative turns it off)", c.SpinWait)
+	}
 	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
 		p.add("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)
 	}

@@ -75,6 +75,11 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 			case rerr != unix.EAGAIN:
 				return true
 			}
+			// Give the core to any thread that is ready to run (the
+			// writer's checksum helper, another client) rather than
+			// take it from them: the spin only needs the cycles nobody
+			// else wants.
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 			now := time.Now()
 			if until.IsZero() {
 				until = now.Add(r.spin())

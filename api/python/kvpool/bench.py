@@ -30,7 +30,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import queue
 import socket
 import sys
 import tempfile
@@ -73,22 +72,12 @@ class _Worker:
         if baseline in ("recv_into", "send"):
             ws_frames = [memoryview(working_set[o:o + size]) for o in range(0, working_set.size - size + 1, size)]
             self.raw = _RawLink(size, [memoryview(self.src)] if put_traffic else ws_frames)
-        # Put keeps the arena from filling the way eviction would, as
-        # `kvpool node bench` does: once this client has put 16 blocks more
-        # than it removed, a helper thread removes the oldest 8 in one
-        # pipelined round trip, off the put path (and woken once per 8
-        # puts, not per put).
+        # Put keeps the arena from filling the way eviction would: once
+        # this client has put 16 blocks more than it removed, it removes
+        # the oldest 8 in one pipelined round trip. That costs each put
+        # about 3 us and is counted in its time; a helper thread, as
+        # `kvpool node bench` uses, would fight the put for the GIL.
         self.live = []
-        self.evict = queue.Queue()
-        self._remover = threading.Thread(target=self._remove_old, daemon=True)
-        self._remover.start()
-
-    def _remove_old(self):
-        while True:
-            batch = self.evict.get()
-            if batch is None:
-                break
-            self.client.remove_many(batch)
 
     def op(self, name):
         c = self.client
@@ -106,7 +95,7 @@ class _Worker:
             c.put(key, self.src)
             self.live.append(key)
             if len(self.live) >= 16:
-                self.evict.put(self.live[:8])
+                c.remove_many(self.live[:8])
                 del self.live[:8]
 
     def baseline(self, name):
@@ -123,9 +112,7 @@ class _Worker:
 
     def close(self):
         if self.live:
-            self.evict.put(self.live)
-        self.evict.put(None)
-        self._remover.join()
+            self.client.remove_many(self.live)
         self.client.close()
         if self.raw is not None:
             self.raw.close()

@@ -56,7 +56,7 @@ def parse_size(s):
 
 
 class _Worker:
-    """One client thread's state: its Client, buffers and keys."""
+    """One client's state, in its own process: its Client, buffers and keys."""
 
     def __init__(self, server, path, size, index, blocks, working_set, baseline, put_traffic):
         self.client = Client(server, tenant="bench", namespace=f"py-{path}", path=path)

@@ -68,7 +68,6 @@ class Engine:
         tokens = torch.as_tensor(list(prompt), dtype=torch.long)
         keys = self.keys(prompt)
         pages = self.cache.allocate(self.cache.pages_for(len(tokens) + new_tokens))
-        bt = self.block_tokens
         report = {"blocks": len(keys), "local_blocks": 0, "fetched_blocks": 0, "loaded_blocks": 0, "plan": "recompute",
                   "source": "", "fetch_errors": [], "computed_tokens": 0}
         timing = {"plan_s": 0.0, "fetch_s": 0.0, "load_s": 0.0, "compute_s": 0.0}

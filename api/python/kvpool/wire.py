@@ -83,7 +83,7 @@ def decode_hello(b):
     """Parses a node's Hello: (segment bytes, page bytes, version words, node id)."""
     if len(b) < _HELLO.size or b[:4] != b"KVPS":
         raise ProtocolError("kvpool: not a kvpool hello")
-    magic, version, idlen, seg, page, words = _HELLO.unpack_from(b)
+    _, version, idlen, seg, page, words = _HELLO.unpack_from(b)
     if version != VERSION:
         raise ProtocolError(f"kvpool: hello version {version}, want {VERSION}")
     if len(b) != _HELLO.size + idlen:

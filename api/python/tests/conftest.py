@@ -2,7 +2,6 @@
 binary from $KVPOOL_BIN, which the Go suite's test/python_test.go sets, or
 built by kvpool.daemon.find_binary)."""
 
-import os
 import time
 
 import pytest

@@ -13,7 +13,7 @@ from kvpool import errors
 from kvpool._crc import crc32c
 from kvpool.daemon import Daemon
 
-from conftest import assert_idle, wait_until
+from conftest import assert_idle
 
 PATHS = ("shm", "data", "grpc")
 

@@ -118,6 +118,13 @@ class PagedKVAdapter:
     def block_tokens(self):
         return self.layout.block_tokens
 
+    def _check_pages(self, blocks, page_ids):
+        """Refuses a call whose pages do not cover its blocks before any
+        byte moves."""
+        need = blocks * self.layout.pages_per_block
+        if len(page_ids) < need:
+            raise errors.InvalidArgument(f"kvpool: {blocks} blocks need {need} page ids, {len(page_ids)} were given")
+
     def _pages(self, page_ids, block):
         ppb = self.layout.pages_per_block
         ids = page_ids[block * ppb:(block + 1) * ppb]
@@ -130,6 +137,7 @@ class PagedKVAdapter:
         place. Blocks the node already holds are skipped. Returns how many
         blocks it wrote."""
         keys = list(chain_keys)
+        self._check_pages(len(keys), page_ids)
         present = self.client.exists(keys) if keys else []
         written = 0
         for i, (key, have) in enumerate(zip(keys, present)):
@@ -156,6 +164,7 @@ class PagedKVAdapter:
         each block's CRC first (DataLoss). A block of another layout raises
         FailedPrecondition."""
         keys = list(chain_keys)
+        self._check_pages(len(keys), page_ids)
         loaded = 0
         for i in range(start, len(keys)):
             key = keys[i]

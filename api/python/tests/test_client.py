@@ -147,6 +147,29 @@ def test_errors_are_builtin_kinds_too():
         kvpool.Client("no-port")
 
 
+def test_control_calls(clients):
+    c = clients["grpc"]
+    keys = [f"ctl{i}".encode() for i in range(4)]
+    for k in keys[:3]:
+        c.put(k, b"v" * 4096)
+    c.report_load(0.25, 20000.0, prompt_tokens=1024, model="llama3-8b")
+    est = c.estimate(keys, block_tokens=16)
+    assert est.node.node_id == "py-node" and est.node.local_blocks == 3
+    assert abs(est.node.queue_seconds - 0.25) < 1e-9
+    assert est.summary.chain_blocks == 4 and est.summary.breakeven_bytes_per_second > 0
+    plan = c.plan(keys, block_tokens=16)
+    assert [n.node_id for n in plan.nodes] == ["py-node"] and plan.nodes[0].plan == "recompute"
+    assert c.route(keys)[0][0].node_id == "py-node" and c.route(keys)[3] == []
+    fetched = c.fetch(keys)
+    assert [f.error is None for f in fetched] == [True, True, True, False]
+    assert isinstance(fetched[3].error, errors.NotFound) and fetched[0].source == ""
+    st = c.stats()
+    assert st.node_id == "py-node" and st.blocks >= 3
+    with pytest.raises(errors.InvalidArgument):
+        c.plan(keys, model="no-such-model")
+    assert c.remove_many(keys) == 3
+
+
 def test_shm_view_is_in_place(clients):
     c = clients["shm"]
     value = os.urandom(1 << 20)

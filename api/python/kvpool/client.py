@@ -22,6 +22,7 @@ Errors are the classes of kvpool.errors, mapped from gRPC codes by the same
 table as the Go client's. A Client is safe to use from many threads.
 """
 
+import collections
 import concurrent.futures
 import mmap
 import os
@@ -198,8 +199,11 @@ class View:
         self.release()
 
     def __del__(self):
+        # The collector may run this anywhere, even inside a round trip of
+        # this thread that holds the session lock: queue the release for
+        # the session's next frame instead of sending it.
         if not self._released and self._path is not None:
-            self._path.release(self._handle)
+            self._path.orphans.append(self._handle)
 
 
 class Reservation:
@@ -292,6 +296,7 @@ class _ShmPath:
         self._versions = memoryview(self._vmap).cast("Q")
         self._conn = wire.Conn(sock, timeout)
         self._lock = threading.Lock()
+        self.orphans = collections.deque()  # pins of views dropped unreleased
         self._broken = None
         self._closed = False
         self._verify = verify or not _ORDERED_LOADS
@@ -319,11 +324,18 @@ class _ShmPath:
         if self._closed:
             raise errors.Unavailable("kvpool: client is closed")
 
+    def _orphan_releases(self):
+        """Release frames for views the collector finalized. REQUIRES: _lock."""
+        out = []
+        while self.orphans:
+            out.append(wire.encode_request(wire.OP_RELEASE, handle=self.orphans.popleft()))
+        return out
+
     def round_trip(self, what, request):
         with self._lock:
             self._usable()
             try:
-                return self._conn.round_trip(request)
+                return self._conn.round_trip(request, *self._orphan_releases())
             except errors.KVPoolError as e:
                 if not self._conn.usable:
                     self._break(what, e)
@@ -339,7 +351,7 @@ class _ShmPath:
             if self._closed or self._broken is not None:
                 return  # the node frees what the session held when it ends
             try:
-                self._conn.send(request)
+                self._conn.send(*self._orphan_releases(), request)
             except OSError as e:
                 self._break("notify", _io_error("shm release", e))
 

@@ -255,5 +255,5 @@ class Conn:
     def round_trip(self, request, *prefix):
         """Sends prefix frames (notifications such as releases) and request,
         and reads request's response."""
-        self.send(*prefix, request) if prefix else self.send(request)
+        self.send(*prefix, request)
         return self.recv_response()

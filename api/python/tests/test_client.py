@@ -13,7 +13,7 @@ from kvpool import errors
 from kvpool._crc import crc32c
 from kvpool.daemon import Daemon
 
-from conftest import assert_idle
+from conftest import assert_idle, wait_until
 
 PATHS = ("shm", "data", "grpc")
 
@@ -225,6 +225,19 @@ def test_many_threads_share_a_client(clients):
             t.join()
         assert not failures
         c.remove_many(list(values))
+
+
+def test_dropped_views_are_released(clients):
+    c = clients["shm"]
+    c.put(b"dropped", os.urandom(10000))
+    for _ in range(3):
+        c.view(b"dropped")  # never released: the collector finalizes it,
+    # and each view's frame carried the release of the one dropped before.
+    assert c.stats().pins == 1
+    with c.view(b"dropped"):  # the next shm frame carries the last release
+        pass
+    wait_until(lambda: c.stats().pins == 0, 5.0, "the dropped views' pins to go")
+    c.remove(b"dropped")
 
 
 def test_close_keeps_held_views_valid(node):

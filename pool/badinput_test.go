@@ -593,3 +593,23 @@ func TestShmCommitWriterChecksum(t *testing.T) {
 		t.Fatalf("commit with both flags and a wrong crc: %+v, want DataLoss", resp)
 	}
 }
+
+// A frame that starts and stops has the io timeout for the rest of it,
+// not the idle timeout that connections get between frames.
+func TestTruncatedFrameEndsAtIOTimeout(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.IOTimeout = 200 * time.Millisecond; c.IdleTimeout = time.Hour })
+	idle := rawConn(t, n)
+	raw := rawConn(t, n)
+	r := wire.Request{Op: wire.OpGet, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")}
+	raw.Write(wire.AppendRequest(nil, &r)[:10])
+	start := time.Now()
+	expectClosed(t, raw)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("a truncated frame held its connection for %v; the io timeout is 200ms", d)
+	}
+	// A connection idle between frames is kept: it still serves.
+	idle.Write(wire.AppendRequest(nil, &r))
+	if code, _ := readStatus(t, idle); code != codes.NotFound {
+		t.Fatalf("the idle connection answered %v, want NotFound", code)
+	}
+}

@@ -141,8 +141,14 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 	d.br = bufio.NewReaderSize(newPollingReader(c, spin, s.spinners), 64<<10)
 	defer sess.end(s.store)
 	for ctx.Err() == nil {
+		// Idle between frames for up to idleTimeout; once a frame's first
+		// byte is in, the rest of it has ioTimeout.
 		c.SetReadDeadline(time.Now().Add(s.idleTimeout))
-		err := wire.ReadRequest(d.br, d.rbuf[:], &d.req)
+		_, err := d.br.Peek(1)
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(s.ioTimeout))
+			err = wire.ReadRequest(d.br, d.rbuf[:], &d.req)
+		}
 		if err != nil {
 			if errors.Is(err, wire.ErrProtocol) {
 				s.metrics.dataOp(wire.Op(0), codes.InvalidArgument)

@@ -31,6 +31,8 @@ type doors struct {
 
 	ioTimeout time.Duration
 	log       *slog.Logger
+	// acceptFailed counts a failed accept of a door; nil counts nothing.
+	acceptFailed func(door string)
 	// tasks runs every goroutine serving a connection (and the helpers of
 	// calls), and conns tracks the open connections so shutdown can close
 	// them.
@@ -91,19 +93,48 @@ func listenUnix(path string) (*net.UnixListener, error) {
 // NB: the gRPC listener is closed by the gRPC server when it stops, not
 // here, so that Serve returns nil rather than a listener error.
 func (d *doors) acceptTCP(ctx context.Context, data func(net.Conn), xfer func(context.Context, net.Conn) error) error {
-	for {
-		c, err := d.tcp.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	return d.accept(ctx, "tcp", d.tcp.Accept, func(c net.Conn) {
 		d.serve(c, func() bool { return d.sniff(ctx, c, data, xfer) })
+	})
+}
+
+// Backoff of an accept loop whose accepts fail.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// accept runs one door's accept loop until its listener closes. Every
+// other error is survived: running out of descriptors (EMFILE, ENFILE) or
+// memory, or a peer resetting before the accept, must shed load, never
+// stop the node. While accepts keep failing the loop waits from 5 ms up to
+// 1 s between tries (so the warning is logged at most about once a second)
+// and counts each failure; connections it has not accepted wait in the
+// kernel's backlog or are refused by it.
+func (d *doors) accept(ctx context.Context, door string, accept func() (net.Conn, error), handle func(net.Conn)) error {
+	var delay time.Duration
+	for {
+		c, err := accept()
+		if err == nil {
+			delay = 0
+			handle(c)
+			continue
+		}
+		if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		if d.acceptFailed != nil {
+			d.acceptFailed(door)
+		}
+		delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
+		d.log.Warn("accept failed; backing off", "door", door, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
 	}
 }
 
@@ -168,16 +199,10 @@ func setNoDelay(c net.Conn) {
 
 // acceptShm accepts same-host clients on the shm socket.
 func (d *doors) acceptShm(ctx context.Context, serve func(*net.UnixConn)) error {
-	for {
-		c, err := d.shm.AcceptUnix()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return err
-		}
-		d.serve(c, func() bool { serve(c); return false })
-	}
+	return d.accept(ctx, "shm", func() (net.Conn, error) { return d.shm.AcceptUnix() }, func(c net.Conn) {
+		uc := c.(*net.UnixConn)
+		d.serve(c, func() bool { serve(uc); return false })
+	})
 }
 
 func (d *doors) untrack(c net.Conn) {

@@ -28,6 +28,7 @@ type metrics struct {
 	mirrorLag     prometheus.Histogram
 	fetched       *prometheus.CounterVec // by transport
 	badPolicies   prometheus.Counter
+	acceptErrors  *prometheus.CounterVec // by door
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
@@ -56,13 +57,17 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 			Name: "kvpool_eviction_malformed_policies_total",
 			Help: "Tenant policy records in etcd that did not decode and were skipped.",
 		}),
+		acceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_pool_accept_errors_total",
+			Help: "Failed accepts, by door (tcp, shm): out of file descriptors or memory, or a connection reset before it was accepted. The door backs off and keeps serving.",
+		}, []string{"door"}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, &storeCollector{st}} {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, &storeCollector{st}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

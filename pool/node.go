@@ -96,6 +96,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
 	n.doors.ioTimeout, n.doors.log = cfg.IOTimeout, n.log
+	n.doors.acceptFailed = func(door string) { n.metrics.acceptErrors.WithLabelValues(door).Inc() }
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}

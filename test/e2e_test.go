@@ -94,13 +94,20 @@ type server struct {
 // logs its addresses.
 func startServe(t *testing.T, extra ...string) *server {
 	t.Helper()
+	return startServeCmd(t, exec.Command, extra...)
+}
+
+// startServeCmd is startServe with the process made by command (a shell
+// that sets limits first, for instance).
+func startServeCmd(t *testing.T, command func(bin string, args ...string) *exec.Cmd, extra ...string) *server {
+	t.Helper()
 	bin := kvpoolBin(t)
 	dir := t.TempDir()
 	s := &server{shm: filepath.Join(dir, "shm.sock"), done: make(chan error, 1)}
 	args := []string{"node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
 		"--shm-socket", s.shm, "--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "etcd")}
 	args = append(args, extra...)
-	s.cmd = exec.Command(bin, args...)
+	s.cmd = command(bin, args...)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,94 @@
+package test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/internal/eventually"
+)
+
+// acceptErrors scrapes a node's count of failed accepts on the tcp door;
+// ok is false while the scrape itself cannot get through.
+func acceptErrors(metrics string) (n int, ok bool) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false
+	}
+	m := regexp.MustCompile(`kvpool_pool_accept_errors_total\{door="tcp"\} (\d+)`).FindSubmatch(body)
+	if m == nil {
+		return 0, true
+	}
+	n, _ = strconv.Atoi(string(m[1]))
+	return n, true
+}
+
+// A node out of file descriptors sheds connections and keeps serving: it
+// used to exit with status 1 at the first EMFILE from accept. Idle
+// connections that never send a preamble are closed at the io timeout,
+// which gives the descriptors back.
+func TestServeSurvivesFileDescriptorExhaustion(t *testing.T) {
+	const limit = 64
+	s := startServeCmd(t, func(bin string, args ...string) *exec.Cmd {
+		return exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, limit), bin}, args...)...)
+	}, "--standalone", "--capacity", "16MiB", "--io-timeout", "1s")
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range 4 * limit {
+		c, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			break // the backlog is full: the kernel refuses for the node
+		}
+		idle = append(idle, c)
+	}
+	alive := func() {
+		select {
+		case err := <-s.done:
+			t.Fatalf("the node exited while out of descriptors: %v", err)
+		default:
+		}
+	}
+	eventually.True(t, "the node to count failed accepts and answer a scrape", 30*time.Second, func() bool {
+		alive()
+		n, ok := acceptErrors(s.metrics)
+		return ok && n > 0
+	})
+	refused, _ := acceptErrors(s.metrics)
+	t.Logf("%d idle connections opened against a %d-descriptor limit; %d accepts failed and were retried", len(idle), limit, refused)
+	for _, c := range idle {
+		c.Close()
+	}
+	idle = nil
+	value := randomBytes(100_000)
+	file := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(file, value, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "a put to succeed once the idle connections are gone", 30*time.Second, func() bool {
+		alive()
+		return kv(t, nil, "block", "put", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k", "--file", file).code == 0
+	})
+	got := mustOK(t, kv(t, nil, "block", "get", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k"))
+	if got.stdout != string(value) {
+		t.Fatal("the block read back differs")
+	}
+	alive()
+}

@@ -17,7 +17,8 @@ import (
 type segment struct {
 	file   *os.File
 	mem    []byte
-	path   string // "" for a memfd
+	path   string   // "" for a memfd
+	owner  *os.File // path+".lock", flocked while this node owns path
 	locked bool
 }
 
@@ -30,11 +31,27 @@ func openSegment(name, path string, size int64, lock bool) (*segment, error) {
 		}
 		f = os.NewFile(uintptr(fd), "memfd:"+name)
 	} else {
-		var err error
-		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		owner, err := ownSegmentPath(path)
 		if err != nil {
+			return nil, err
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			// We hold the owner's lock, so the file's node is dead (a
+			// kill -9 leaves it behind): replace it.
+			if err = os.Remove(path); err == nil {
+				f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+			}
+		}
+		if err != nil {
+			releaseSegmentPath(path, owner)
 			return nil, fmt.Errorf("pool: create segment file: %w", err)
 		}
+		s := &segment{file: f, path: path, owner: owner}
+		if err := s.setup(size, lock); err != nil {
+			return nil, errors.Join(err, s.close())
+		}
+		return s, nil
 	}
 	s := &segment{file: f, path: path}
 	if err := s.setup(size, lock); err != nil {
@@ -71,6 +88,36 @@ func (s *segment) setup(size int64, lock bool) error {
 	return nil
 }
 
+// ownSegmentPath takes the lock that says a live node owns the segment
+// file at path: an exclusive flock on path+".lock", a file no client ever
+// receives (a client's mapping of the segment itself would keep a lock on
+// it alive after its node died). The kernel drops the lock when the node
+// dies however it dies.
+func ownSegmentPath(path string) (*os.File, error) {
+	lf, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("pool: open segment lock: %w", err)
+	}
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lf.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("pool: segment file %s belongs to a running node (it holds %s.lock)", path, path)
+		}
+		return nil, fmt.Errorf("pool: lock segment file %s: %w", path, err)
+	}
+	return lf, nil
+}
+
+// releaseSegmentPath gives up the ownership taken by ownSegmentPath,
+// removing the lock file while it still holds the lock.
+func releaseSegmentPath(path string, owner *os.File) error {
+	err := os.Remove(path + ".lock")
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
+	}
+	return errors.Join(err, owner.Close())
+}
+
 // words views the segment as 64-bit words; mappings are page aligned.
 func (s *segment) words() []uint64 {
 	return unsafe.Slice((*uint64)(unsafe.Pointer(&s.mem[0])), len(s.mem)/8)
@@ -94,6 +141,10 @@ func (s *segment) close() error {
 		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if s.owner != nil {
+		errs = append(errs, releaseSegmentPath(s.path, s.owner))
+		s.owner = nil
 	}
 	return errors.Join(errs...)
 }

@@ -92,3 +92,21 @@ func TestServeSurvivesFileDescriptorExhaustion(t *testing.T) {
 	}
 	alive()
 }
+
+// kill -9 leaves a --segment-path file behind; the node restarted on the
+// same path starts (it used to refuse: "file exists") and serves.
+func TestRestartAfterKillWithSegmentPath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "arena")
+	args := []string{"--standalone", "--capacity", "16MiB", "--segment-path", path}
+	first := startServe(t, args...)
+	first.cmd.Process.Kill()
+	first.done <- <-first.done // wait for the exit, and leave it for the cleanup
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the killed node's segment file: %v (the test needs it left behind)", err)
+	}
+	second := startServe(t, args...)
+	mustOK(t, kv(t, []byte("value"), "block", "put", "--server", second.addr, "--tenant", "t", "--namespace", "n", "--key", "k"))
+	if got := mustOK(t, kv(t, nil, "block", "get", "--server", second.addr, "--tenant", "t", "--namespace", "n", "--key", "k")); got.stdout != "value" {
+		t.Fatalf("read back %q", got.stdout)
+	}
+}

@@ -613,3 +613,35 @@ func TestTruncatedFrameEndsAtIOTimeout(t *testing.T) {
 		t.Fatalf("the idle connection answered %v, want NotFound", code)
 	}
 }
+
+// Benchmark frames ask for at most a block's size, and a node can refuse
+// them: a 40-byte request used to buy 2^40 bytes of filler.
+func TestBenchFramesAreBounded(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.MaxBlockBytes = 1 << 20 })
+	raw := rawConn(t, n)
+	raw.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpSource, ValueLen: 1 << 40}))
+	if code, _ := readStatus(t, raw); code != codes.InvalidArgument {
+		t.Fatalf("a source of 2^40 bytes: %v, want InvalidArgument", code)
+	}
+	raw.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpSource, ValueLen: 1 << 20}))
+	var resp wire.Response
+	if err := wire.ReadResponse(raw, &resp); err != nil || resp.Status != 0 || resp.ValueLen != 1<<20 {
+		t.Fatalf("a source of one block: %v %+v", err, resp)
+	}
+	if _, err := io.CopyN(io.Discard, raw, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	sink := rawConn(t, n)
+	sink.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpSink, ValueLen: 1 << 40}))
+	if code, _ := readStatus(t, sink); code != codes.InvalidArgument {
+		t.Fatalf("a sink of 2^40 bytes: %v, want InvalidArgument", code)
+	}
+	expectClosed(t, sink)
+
+	off := startNode(t, func(c *Config) { c.NoBenchFrames = true })
+	raw = rawConn(t, off)
+	raw.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpSource, ValueLen: 4096}))
+	if code, _ := readStatus(t, raw); code != codes.FailedPrecondition {
+		t.Fatalf("a source on a node without bench frames: %v, want FailedPrecondition", code)
+	}
+}

@@ -62,6 +62,10 @@ type ServerConfig struct {
 	ShmSocket string
 	// DisableShm turns the same-host shared-memory path off.
 	DisableShm bool
+	// NoBenchFrames refuses the data channel's source and sink frames, the
+	// link baselines `kvpool node bench --server` measures against. Each
+	// asks for at most the max block size either way.
+	NoBenchFrames bool
 	// IOTimeout bounds how long the data channel waits for the rest of a
 	// frame once it has started, and for a write to drain. Default 30 s.
 	IOTimeout time.Duration

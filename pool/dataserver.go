@@ -55,6 +55,7 @@ type dataServer struct {
 	ioTimeout   time.Duration
 	idleTimeout time.Duration
 	spinWait    time.Duration // see ServerConfig.SpinWait
+	noBench     bool          // see ServerConfig.NoBenchFrames
 	spinners    *spinners     // shared by every connection's reader
 	// hello is what a same-host client receives first: the Hello and the
 	// descriptors of the segment and of the version words.
@@ -390,11 +391,24 @@ func (d *dataConn) put() error {
 	return d.respond(err, committed(cr, 0))
 }
 
+// benchFrame refuses a source or sink frame the node does not serve: all
+// of them with NoBenchFrames, else any larger than a block. A 40-byte
+// request must not buy an unbounded stream.
+func (d *dataConn) benchFrame() error {
+	if d.s.noBench {
+		return api.Errorf(api.ErrFailedPrecondition, "pool: this node serves no %v frames (--no-bench-frames)", d.req.Op)
+	}
+	if err := d.s.store.ValidateSize(int64(min(d.req.ValueLen, 1<<62))); err != nil {
+		return fmt.Errorf("pool: %v frame: %w", d.req.Op, err)
+	}
+	return nil
+}
+
 func (d *dataConn) source() error {
 	size := d.req.ValueLen
-	if size > 1<<40 {
-		d.respondClose(api.Errorf(api.ErrInvalidArgument, "pool: source of %d bytes", size))
-		return errors.New("oversized source")
+	if err := d.benchFrame(); err != nil {
+		d.s.metrics.dataOp(wire.OpSource, api.Code(err))
+		return d.respondErr(err)
 	}
 	d.s.metrics.dataOp(wire.OpSource, codes.OK)
 	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: size})
@@ -412,6 +426,12 @@ func (d *dataConn) source() error {
 }
 
 func (d *dataConn) sink() error {
+	if err := d.benchFrame(); err != nil {
+		// The value follows the header: the stream cannot go on.
+		d.s.metrics.dataOp(wire.OpSink, api.Code(err))
+		d.respondClose(err)
+		return err
+	}
 	if err := d.discard(d.req.ValueLen); err != nil {
 		return err
 	}

@@ -57,6 +57,7 @@ var settings = []setting{
 	{"reservation-timeout", "reclaim reservations not committed within this time", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.ReservationTimeout) }},
 	{"io-timeout", "longest wait for the rest of a started frame or for a write", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.IOTimeout) }},
 	{"idle-timeout", "close data connections idle this long", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.IdleTimeout) }},
+	{"no-bench-frames", "refuse the data channel's source and sink frames (the link baselines of node bench --server)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.NoBenchFrames) }},
 	{"spin-wait", "how long a data connection polls for the next request before sleeping: saves a thread wake-up per request, costs up to this much CPU per request; negative turns it off", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.SpinWait) }},
 	{"max-namespaces", "most distinct (tenant, namespace) pairs the node holds", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.MaxNamespaces) }},
 	{"etcd-endpoints", "comma-separated etcd client URLs of an existing cluster; empty starts an embedded etcd", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.etcdEndpoints) }},

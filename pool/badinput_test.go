@@ -18,6 +18,7 @@ import (
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // Every test here feeds a node bad input and then checks the three
@@ -643,5 +644,37 @@ func TestBenchFramesAreBounded(t *testing.T) {
 	raw.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpSource, ValueLen: 4096}))
 	if code, _ := readStatus(t, raw); code != codes.FailedPrecondition {
 		t.Fatalf("a source on a node without bench frames: %v, want FailedPrecondition", code)
+	}
+}
+
+// Transfer connections (after the KVPT preamble) get the same deadlines as
+// data connections: idle ones close at the idle timeout, a truncated
+// request at the io timeout. They used to stay open forever.
+func TestTransferConnectionsTimeOut(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		send      []byte
+		idle, io  time.Duration
+		withinOne time.Duration
+	}{
+		{"idle after the preamble", nil, 300 * time.Millisecond, time.Hour, 300 * time.Millisecond},
+		{"truncated request", []byte{1, 0, 0}, time.Hour, 300 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startNode(t, func(c *Config) { c.IdleTimeout, c.IOTimeout = tc.idle, tc.io })
+			c, err := net.Dial("tcp", n.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write(transfer.TCPPreamble[:])
+			c.Write(tc.send)
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			start := time.Now()
+			expectClosed(t, c)
+			if d := time.Since(start); d > tc.withinOne+5*time.Second {
+				t.Fatalf("closed after %v, want about %v", d, tc.withinOne)
+			}
+		})
 	}
 }

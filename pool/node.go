@@ -107,7 +107,7 @@ func New(cfg Config) (*Node, error) {
 
 	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
-	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, Logger: log})
+	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log})
 	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{})
 	n.tcpT.Register(arenaRegion, seg.mem)
 	n.grpcT.Register(arenaRegion, seg.mem)

@@ -30,6 +30,13 @@ type TCPConfig struct {
 	SliceBytes int
 	// DialTimeout bounds connecting to a peer. Default 2 s.
 	DialTimeout time.Duration
+	// IdleTimeout closes a served connection that sends no request for
+	// this long (the peer's reader sees it at once and redials on its next
+	// op). Default 10 min.
+	IdleTimeout time.Duration
+	// IOTimeout bounds the rest of a served request once its first byte
+	// is in, a Write's payload, and the response's write. Default 30 s.
+	IOTimeout time.Duration
 	// Logger receives the transport's logs: a connection that failed to
 	// dial or broke (once per connection, never per slice). Default:
 	// discard.
@@ -63,6 +70,12 @@ func NewTCP(cfg TCPConfig) *TCP {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 10 * time.Minute
+	}
+	if cfg.IOTimeout <= 0 {
+		cfg.IOTimeout = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -503,7 +516,15 @@ func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error {
 	var resp [tcpRespBytes]byte
 	var junk []byte
 	for {
-		if _, err := io.ReadFull(br, req[:]); err != nil {
+		// Idle between requests for up to IdleTimeout; a started request,
+		// its payload and its response have IOTimeout.
+		c.SetDeadline(time.Now().Add(t.cfg.IdleTimeout))
+		_, err := br.Peek(1)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
+			_, err = io.ReadFull(br, req[:])
+		}
+		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return nil
 			}

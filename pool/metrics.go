@@ -29,6 +29,7 @@ type metrics struct {
 	fetched       *prometheus.CounterVec // by transport
 	badPolicies   prometheus.Counter
 	acceptErrors  *prometheus.CounterVec // by door
+	logsDropped   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
@@ -61,13 +62,17 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 			Name: "kvpool_pool_accept_errors_total",
 			Help: "Failed accepts, by door (tcp, shm): out of file descriptors or memory, or a connection reset before it was accepted. The door backs off and keeps serving.",
 		}, []string{"door"}),
+		logsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_log_dropped_records_total",
+			Help: "Warnings and errors not logged because their cause had logged 10 records in the last 10 s.",
+		}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, &storeCollector{st}} {
+	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.logsDropped, &storeCollector{st}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -79,8 +79,13 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.With("node", cfg.NodeID)
-	n := &Node{cfg: cfg, log: log.With("component", "pool"), ready: make(chan struct{}), hostID: api.HostID()}
+	n := &Node{cfg: cfg, ready: make(chan struct{}), hostID: api.HostID()}
+	log := slog.New(newRateLimited(cfg.Logger.Handler(), time.Now, func() {
+		if m := n.metrics; m != nil {
+			m.logsDropped.Inc()
+		}
+	})).With("node", cfg.NodeID)
+	n.log = log.With("component", "pool")
 	seg, err := openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory)
 	if err != nil {
 		return nil, err

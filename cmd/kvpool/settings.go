@@ -59,7 +59,7 @@ var settings = []setting{
 	{"idle-timeout", "close data connections idle this long", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.IdleTimeout) }},
 	{"no-bench-frames", "refuse the data channel's source and sink frames (the link baselines of node bench --server)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.NoBenchFrames) }},
 	{"spin-wait", "how long a data connection polls for the next request before sleeping: saves a thread wake-up per request, costs up to this much CPU per request; negative turns it off", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.SpinWait) }},
-	{"max-namespaces", "most distinct (tenant, namespace) pairs the node holds", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.MaxNamespaces) }},
+	{"max-namespaces", "most (tenant, namespace) pairs holding blocks or reservations at once (a pair left empty is freed)", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.MaxNamespaces) }},
 	{"etcd-endpoints", "comma-separated etcd client URLs of an existing cluster; empty starts an embedded etcd", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.etcdEndpoints) }},
 	{"data-dir", "embedded etcd's data directory (default $TMPDIR/kvpool-<node-id>/etcd)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.dataDir) }},
 	{"embedded-etcd-listen", "where the embedded etcd serves clients; other daemons join with --etcd-endpoints http://ADDR", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.embeddedEtcdListen) }},

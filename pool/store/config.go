@@ -31,7 +31,9 @@ type Config struct {
 	// ReservationTimeout is how long a reservation may stay uncommitted
 	// before it is reclaimed. Default 30 s.
 	ReservationTimeout time.Duration
-	// MaxNamespaces bounds distinct (tenant, namespace) pairs. Default 4096.
+	// MaxNamespaces bounds the (tenant, namespace) pairs that hold blocks
+	// or reservations at once; a pair left with neither is freed. Default
+	// 4096.
 	MaxNamespaces int
 	// DefaultTenant is how the blocks of tenants without a stored policy
 	// are kept (policies live in etcd, set with `kvpool policy set`).

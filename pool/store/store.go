@@ -96,17 +96,24 @@ func (s *Store) SetSink(sink LocationSink) { s.sink = sink }
 func (s *Store) VersionWords() int { return len(s.versions) }
 
 // namespaceTable interns (tenant, namespace) pairs into small ids and keeps
-// their usage. Names are never forgotten; MaxNamespaces bounds them.
+// their usage. A pair is forgotten when nothing refers to it any more (its
+// last block is freed, its last reservation ends) and its id serves the
+// next new pair: MaxNamespaces bounds the pairs in use, not the pairs ever
+// seen.
 type namespaceTable struct {
 	ids  map[string]uint32 // tenant + "\x00" + namespace
 	list []namespaceInfo
+	free []uint32 // ids of forgotten pairs, for reuse
 }
 
 type namespaceInfo struct {
 	tenant, namespace string
-	t                 *tenantState
+	t                 *tenantState // nil in a free slot
 	blocks            uint64
 	storedBytes       uint64
+	// refs counts what names this pair by id: index entries (live, or
+	// dead and still pinned) and open reservations.
+	refs uint64
 }
 
 // Reservation is space held for a value that is being written. Its Bytes
@@ -213,13 +220,34 @@ func (s *Store) namespaceIDLocked(tenant, ns []byte, create bool) (uint32, error
 	if !create {
 		return 0, api.ErrNotFound
 	}
-	if len(s.mu.ns.list) >= s.maxNS {
-		return 0, api.Errorf(api.ErrResourceExhausted, "store: node already holds %d namespaces", s.maxNS)
+	info := namespaceInfo{tenant: string(tenant), namespace: string(ns), t: s.tenantLocked(string(tenant))}
+	var id uint32
+	switch {
+	case len(s.mu.ns.free) > 0:
+		id = s.mu.ns.free[len(s.mu.ns.free)-1]
+		s.mu.ns.free = s.mu.ns.free[:len(s.mu.ns.free)-1]
+		s.mu.ns.list[id] = info
+	case len(s.mu.ns.list) >= s.maxNS:
+		return 0, api.Errorf(api.ErrResourceExhausted, "store: node already holds blocks in %d namespaces, its limit (max namespaces)", s.maxNS)
+	default:
+		id = uint32(len(s.mu.ns.list))
+		s.mu.ns.list = append(s.mu.ns.list, info)
 	}
-	id := uint32(len(s.mu.ns.list))
 	s.mu.ns.ids[string(s.mu.scratch)] = id
-	s.mu.ns.list = append(s.mu.ns.list, namespaceInfo{tenant: string(tenant), namespace: string(ns), t: s.tenantLocked(string(tenant))})
 	return id, nil
+}
+
+// unrefNamespaceLocked drops one reference to namespace id and forgets the
+// pair when none is left. REQUIRES: s.mu.
+func (s *Store) unrefNamespaceLocked(id uint32) {
+	ni := &s.mu.ns.list[id]
+	ni.refs--
+	if ni.refs > 0 {
+		return
+	}
+	delete(s.mu.ns.ids, ni.tenant+"\x00"+ni.namespace)
+	*ni = namespaceInfo{}
+	s.mu.ns.free = append(s.mu.ns.free, id)
 }
 
 // ValidateSize checks a value length against the node's limits.
@@ -254,13 +282,18 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 	if err != nil {
 		return nil, err
 	}
+	// The reservation's reference, taken now so evictions below cannot
+	// forget the pair under us; dropped again on failure.
+	s.mu.ns.list[nsID].refs++
 	t := s.mu.ns.list[nsID].t
 	if err := s.makeRoomLocked(t, s.mu.idx.hash(nsID, key), size, pages, now, &out); err != nil {
+		s.unrefNamespaceLocked(nsID)
 		return nil, err
 	}
 	page, ok := s.mu.alloc.alloc(pages)
 	if !ok {
 		t.rejected++
+		s.unrefNamespaceLocked(nsID)
 		return nil, api.Errorf(api.ErrResourceExhausted, "store: no room for %d bytes: %d of %d bytes free, largest free run %d bytes",
 			size, s.mu.alloc.freePages<<s.pageShift, uint64(s.mu.alloc.pages)<<s.pageShift, uint64(s.mu.alloc.largestFree())<<s.pageShift)
 	}
@@ -294,6 +327,7 @@ func (s *Store) endReservationLocked(r *Reservation) bool {
 	delete(s.mu.res, r.handle)
 	s.mu.reservedPages -= uint64(s.pagesFor(r.size))
 	s.mu.ns.list[r.ns].t.reservedBytes -= r.size
+	s.unrefNamespaceLocked(r.ns)
 	return true
 }
 
@@ -371,6 +405,7 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		return CommitResult{}, api.Errorf(api.ErrAlreadyExists, "store: key %x in %s/%s holds a different value", r.key, ni.tenant, ni.namespace)
 	}
 	idx := s.mu.idx.insert(r.ns, r.key)
+	s.mu.ns.list[r.ns].refs++ // the entry's; the reservation's goes below
 	e := s.mu.idx.entries.at(idx)
 	e.page, e.size, e.crc, e.state = r.page, uint32(r.size), crc, stateLive
 	if s.versions != nil {
@@ -481,10 +516,11 @@ func (s *Store) releaseLocked(idx, gen uint32) error {
 
 func (s *Store) freeEntryLocked(idx uint32) {
 	e := s.mu.idx.entries.at(idx)
-	pages := s.pagesFor(int64(e.size))
+	pages, ns := s.pagesFor(int64(e.size)), e.ns
 	s.mu.alloc.free(e.page, pages)
 	s.mu.livePages -= uint64(pages)
 	s.mu.idx.releaseEntry(idx)
+	s.unrefNamespaceLocked(ns)
 }
 
 // Remove deletes the block under (tenant, ns, key). Readers holding it
@@ -556,8 +592,8 @@ func (s *Store) unlinkLocked(idx uint32) {
 func (s *Store) ForEach(yield func(tenant, namespace string, key []byte) bool) {
 	const chunk = 4096
 	type item struct {
-		ns  uint32
-		key []byte
+		tenant, namespace string
+		key               []byte
 	}
 	var batch []item
 	for start := uint32(0); ; start += chunk {
@@ -566,14 +602,14 @@ func (s *Store) ForEach(yield func(tenant, namespace string, key []byte) bool) {
 		end := min(start+chunk, s.mu.idx.entries.n)
 		for i := start; i < end; i++ {
 			if e := s.mu.idx.entries.at(i); e.state == stateLive {
-				batch = append(batch, item{e.ns, bytes.Clone(s.mu.idx.key(i))})
+				ni := &s.mu.ns.list[e.ns]
+				batch = append(batch, item{ni.tenant, ni.namespace, bytes.Clone(s.mu.idx.key(i))})
 			}
 		}
-		names := s.mu.ns.list
 		done := end >= s.mu.idx.entries.n
 		s.mu.Unlock()
 		for _, it := range batch {
-			if !yield(names[it.ns].tenant, names[it.ns].namespace, it.key) {
+			if !yield(it.tenant, it.namespace, it.key) {
 				return
 			}
 		}
@@ -680,6 +716,9 @@ func (s *Store) Stats() Stats {
 		st.InternalFragmentation = 1 - float64(s.mu.storedBytes)/float64(live)
 	}
 	for _, ni := range s.mu.ns.list {
+		if ni.t == nil {
+			continue // a free slot
+		}
 		st.Namespaces = append(st.Namespaces, NamespaceStats{Tenant: ni.tenant, Namespace: ni.namespace, Blocks: ni.blocks, StoredBytes: ni.storedBytes})
 	}
 	return st
@@ -696,8 +735,15 @@ func (s *Store) Check() error {
 		return err
 	}
 	var live, stored, pages uint64
+	refs := make([]uint64, len(s.mu.ns.list))
+	for _, r := range s.mu.res {
+		refs[r.ns]++
+	}
 	for i := uint32(0); i < s.mu.idx.entries.n; i++ {
 		e := s.mu.idx.entries.at(i)
+		if e.state == stateLive || e.state == stateDead {
+			refs[e.ns]++
+		}
 		switch e.state {
 		case stateLive:
 			live++
@@ -723,6 +769,11 @@ func (s *Store) Check() error {
 	}
 	if tStored != int64(stored) || tReserved != resBytes || tBlocks != int64(live) {
 		return fmt.Errorf("tenants: %d bytes stored, %d reserved, %d blocks; store: %d, %d, %d", tStored, tReserved, tBlocks, stored, resBytes, live)
+	}
+	for id, ni := range s.mu.ns.list {
+		if ni.refs != refs[id] || (ni.t == nil) != (refs[id] == 0) {
+			return fmt.Errorf("namespace %d (%s/%s): %d references counted, %d found", id, ni.tenant, ni.namespace, ni.refs, refs[id])
+		}
 	}
 	if used := uint64(s.mu.alloc.pages) - s.mu.alloc.freePages; used != pages+s.mu.reservedPages {
 		return fmt.Errorf("allocator uses %d pages; blocks hold %d and reservations %d", used, pages, s.mu.reservedPages)

@@ -65,11 +65,13 @@ type ClientConfig struct {
 	MaxIdleConns int
 	// DialTimeout bounds Dial and every new connection. Default 5 s.
 	DialTimeout time.Duration
-	// VerifySharedReads makes Get over shared memory check the CRC of the
-	// bytes it copies. Bytes that cross a socket are always verified;
-	// shared-memory bytes never leave this host's RAM, were verified by the
-	// node at commit, and checking them costs about a third of the copy.
-	// Default false.
+	// VerifySharedReads makes every Get over shared memory check the CRC
+	// of the bytes it copies, repeats served from the location cache too.
+	// Without it a same-host read is checked the first time this client
+	// reads a version of a block (a Get that asks the node, a View of a
+	// version it has not read), and a repeat from the cache relies on that
+	// check: the version words say the block is the same one. Bytes that
+	// cross a socket are always checked. Default false.
 	VerifySharedReads bool
 	// NoLocationCache turns off the shared-memory location cache, so every
 	// Get asks the node (one round trip) instead of copying a block this

@@ -263,7 +263,46 @@ func (s *shmPath) mapped(f func() error) error {
 	return f()
 }
 
+// view pins the block and checks its bytes against the node's checksum
+// the first time this client sees this version of the block: bytes can
+// change behind the node's back (a stray write into the arena, a bad
+// DIMM), and a same-host reader must not take them for good. A version it
+// read before (the location cache knows its handle) is not read again.
 func (s *shmPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) {
+	v, err := s.pin(ctx, k, l)
+	if err != nil {
+		return nil, err
+	}
+	ck := cacheKey(k)
+	if !s.noCache {
+		s.cacheMu.RLock()
+		loc, ok := s.cache[ck]
+		s.cacheMu.RUnlock()
+		if ok && loc.handle == v.handle {
+			return v, nil
+		}
+	}
+	err = s.mapped(func() error {
+		if crc := Checksum(v.mem); crc != v.crc {
+			return fmt.Errorf("%w: client: %s: shared block has CRC %08x, the node stored %08x", ErrDataLoss, k, crc, v.crc)
+		}
+		return nil
+	})
+	if err != nil {
+		v.Close()
+		return nil, err
+	}
+	if !s.noCache {
+		s.remember(ck, location{offset: uint64(v.offset), size: uint64(len(v.mem)), crc: v.crc, handle: v.handle})
+	}
+	return v, nil
+}
+
+// cacheKey names k in the location cache.
+func cacheKey(k BlockKey) string { return k.Tenant + "\x00" + k.Namespace + "\x00" + string(k.Key) }
+
+// pin pins the block under k and returns its bytes in place, unchecked.
+func (s *shmPath) pin(ctx context.Context, k BlockKey, l lease) (*View, error) {
 	r := keyRequest(wire.OpView, k)
 	if l.on {
 		r.Flags, r.LeaseMs = wire.FlagLease, l.ms
@@ -288,14 +327,16 @@ func (s *shmPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]b
 			return v, err
 		}
 	}
-	v, err := s.view(ctx, k, l)
+	v, err := s.pin(ctx, k, l)
 	if err != nil {
 		return nil, err
 	}
 	defer v.Close()
 	var out []byte
 	err = s.mapped(func() (err error) {
-		out, err = s.copyOut(k, v.mem, v.crc, dst)
+		// A read that asked the node checks what it copies (see view);
+		// a repeat from the cache relies on that check.
+		out, err = s.copyOut(k, v.mem, v.crc, dst, true)
 		return err
 	})
 	if err == nil && !s.noCache {
@@ -316,15 +357,19 @@ func (s *shmPath) getCached(ck []byte, k BlockKey, dst []byte) (out []byte, ok b
 	if dst != nil && uint64(len(dst)) < loc.size {
 		return nil, true, shortBuffer(len(dst), loc.size)
 	}
+	var copyErr error
 	err = s.mapped(func() error {
 		// The node clears the word before the block's pages can be
 		// reused, so an unchanged word means the copy saw only this
 		// block's bytes.
 		ok = seqlock.Read(&s.versions[loc.offset/s.pageBytes], loc.handle, func() {
-			out, err = s.copyOut(k, s.mem[loc.offset:loc.offset+loc.size], loc.crc, dst)
+			out, copyErr = s.copyOut(k, s.mem[loc.offset:loc.offset+loc.size], loc.crc, dst, s.verify)
 		})
 		return nil
 	})
+	if err == nil && ok {
+		err = copyErr // (a torn copy's error is moot: the node is asked)
+	}
 	if err == nil && !ok {
 		s.forget(ck)
 		return nil, false, nil
@@ -348,9 +393,9 @@ func (s *shmPath) forget(ck []byte) {
 }
 
 // copyOut copies a block's bytes out of the segment into dst (a new slice
-// when dst is nil), checksumming them when the path verifies. REQUIRES:
-// the mapping held (mapped).
-func (s *shmPath) copyOut(k BlockKey, src []byte, want uint32, dst []byte) ([]byte, error) {
+// when dst is nil), checksumming them when verify is set. REQUIRES: the
+// mapping held (mapped).
+func (s *shmPath) copyOut(k BlockKey, src []byte, want uint32, dst []byte, verify bool) ([]byte, error) {
 	if dst == nil {
 		dst = make([]byte, len(src))
 	}
@@ -358,7 +403,7 @@ func (s *shmPath) copyOut(k BlockKey, src []byte, want uint32, dst []byte) ([]by
 		return nil, shortBuffer(len(dst), uint64(len(src)))
 	}
 	dst = dst[:len(src)]
-	if !s.verify {
+	if !verify {
 		copy(dst, src)
 		return dst, nil
 	}

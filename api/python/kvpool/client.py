@@ -367,7 +367,8 @@ class _ShmPath:
         except ValueError as e:  # released by close
             raise errors.Unavailable("kvpool: client is closed") from e
 
-    def view(self, tenant, ns, key, lease):
+    def pin(self, tenant, ns, key, lease):
+        """Pins a block and hands out its bytes in place, unchecked."""
         flags, ms = _lease_arg(lease)
         r = self.round_trip("view", wire.encode_request(wire.OP_VIEW, tenant, ns, key, flags=flags, arg=ms))
         try:
@@ -376,6 +377,31 @@ class _ShmPath:
             self.release(r.handle)
             raise
         return View(self, r.handle, mv, r.crc, r.offset), r
+
+    def view(self, tenant, ns, key, lease):
+        """pin, with the bytes checked against the node's checksum the
+        first time this client sees this version of the block: bytes can
+        change behind the node's back (a stray write into the arena, a bad
+        DIMM). A version read before (the location cache holds its handle)
+        is not read again."""
+        v, r = self.pin(tenant, ns, key, lease)
+        cache, ck = self._cache, (tenant, ns, key)
+        if cache is not None and (cache.get(ck) or (0, 0, 0, None))[3] == r.handle:
+            return v, r
+        if crc32c(v._mv) != r.crc:
+            v.release()
+            raise errors.DataLoss(f"kvpool: shared block {key.hex()} has a CRC other than the node's {r.crc:08x}")
+        if cache is not None:
+            self._remember(ck, r)
+        return v, r
+
+    def _remember(self, ck, r):
+        cache = self._cache
+        if cache is None:
+            return
+        if len(cache) >= 1 << 16:
+            cache.clear()
+        cache[ck] = (r.offset, r.value_len, r.crc, r.handle)
 
     def release(self, handle):
         self.notify(wire.encode_request(wire.OP_RELEASE, handle=handle))
@@ -391,15 +417,15 @@ class _ShmPath:
                 if out is not None:
                     return out
                 cache.pop(ck, None)
-        v, r = self.view(tenant, ns, key, lease)
+        v, r = self.pin(tenant, ns, key, lease)
         try:
-            out = self._copy_out(v._mv, r.crc, dst)
+            # A read that asked the node checks what it copies (see view);
+            # a repeat from the cache relies on that check.
+            out = self._copy_out(v._mv, r.crc, dst, True)
         finally:
             v.release()
-        if ck is not None and self._cache is not None:
-            if len(cache) >= 1 << 16:
-                cache.clear()
-            cache[ck] = (r.offset, r.value_len, r.crc, r.handle)
+        if ck is not None:
+            self._remember(ck, r)
         return out
 
     def _get_cached(self, loc, dst):
@@ -415,7 +441,7 @@ class _ShmPath:
             # only this block's bytes.
             if self._versions[word] != handle:
                 return None
-            out = self._copy_out(self._mem[offset:offset + size], crc, dst)
+            out = self._copy_out(self._mem[offset:offset + size], crc, dst, self._verify)
             if self._versions[word] != handle:
                 return None
         except ValueError as e:
@@ -443,14 +469,14 @@ class _ShmPath:
                     self._break("read", "the node closed the session")
             raise self._broken
 
-    def _copy_out(self, src, want, dst):
+    def _copy_out(self, src, want, dst, verify):
         if dst is None:
             dst = memoryview(bytearray(src.nbytes))
         elif dst.nbytes < src.nbytes:
             raise _short(dst.nbytes, src.nbytes)
         n = src.nbytes
         _copy(dst[:n], src)
-        if self._verify and crc32c(dst[:n]) != want:
+        if verify and crc32c(dst[:n]) != want:
             raise errors.DataLoss(f"kvpool: shared block has a CRC other than the node's {want:08x}")
         return dst, n
 
@@ -674,27 +700,6 @@ class _DataPath:
     def remove(self, tenant, ns, keys, force):
         return self.with_conn("remove", lambda c: _remove_over(c, tenant, ns, keys, force))
 
-    def source(self, n, dst):
-        """The link baseline: n bytes of filler from the node, received with
-        recv_into into dst, over a pooled connection like a get."""
-
-        def op(c):
-            r = c.round_trip(wire.encode_request(wire.OP_SOURCE, value_len=n))
-            c.recv_into(dst[: r.value_len])
-            return r.value_len
-
-        return self.with_conn("source", op)
-
-    def sink(self, value):
-        """The send baseline: value's bytes to the node, which discards them."""
-
-        def op(c):
-            c.send(wire.encode_request(wire.OP_SINK, value_len=value.nbytes), value)
-            c.recv_response()
-            return value.nbytes
-
-        return self.with_conn("sink", op)
-
 
 class _GrpcPath:
     """Bytes as protobuf messages over grpcio."""
@@ -781,9 +786,13 @@ class Client:
     Client(addr, tenant, namespace, path="auto", timeout=10.0) connects,
     learns the node's fast paths from its Info and attaches to its shared
     memory when path allows and the node is on this host. timeout (seconds)
-    bounds every call. verify_shared_reads checksums every copy out of
-    shared memory (bytes that cross a socket are always checked);
-    location_cache=False makes every shm get ask the node.
+    bounds every call. Same-host reads are checked against the node's
+    checksum the first time the client reads a version of a block (a get
+    that asks the node, a view of a version it has not read); a repeat
+    from the location cache relies on that check. verify_shared_reads
+    checks every copy out of shared memory; bytes that cross a socket are
+    always checked. location_cache=False makes every shm get ask the node
+    (and every view check the block).
 
     scoped(namespace=...) gives a client of another tenant or namespace on
     the same connections. close() (or a with block) ends them; views and

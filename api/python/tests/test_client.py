@@ -182,6 +182,27 @@ def test_shm_view_is_in_place(clients):
     c.remove(b"inplace")
 
 
+def test_shm_first_reads_are_checked(clients, node):
+    """Bytes changed behind the node's back reach no same-host reader as
+    good: a client checks the first read of every version it has not read."""
+    w = clients["shm"]
+    value = os.urandom(300_000)
+    w.put(b"rotted", value)
+    scribbler = w.view(b"rotted")
+    w._bytes._mem[scribbler.offset + 1000] ^= 0xFF  # the arena, written behind the node's back
+    with kvpool.Client(node.addr, tenant="py", namespace="ns-shm", path="shm") as r:
+        with pytest.raises(errors.DataLoss):
+            r.get_into(b"rotted", bytearray(len(value)))
+        with pytest.raises(errors.DataLoss):
+            r.view(b"rotted")
+        w._bytes._mem[scribbler.offset + 1000] ^= 0xFF
+        assert r.get(b"rotted") == value
+        with r.view(b"rotted") as v:
+            assert bytes(v.data) == value
+    scribbler.release()
+    w.remove(b"rotted")
+
+
 def test_shm_location_cache_sees_changes(clients, node):
     c = clients["shm"]
     other = kvpool.Client(node.addr, tenant="py", namespace="ns-shm", path="grpc")

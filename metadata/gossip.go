@@ -141,6 +141,10 @@ func NewGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.GossipInterval = cfg.ProbeInterval / 2
 	mc.PushPullInterval = 10 * cfg.ProbeInterval
 	mc.TCPTimeout = 2 * time.Second
+	// A node that died and came back under the same id on another port
+	// (a restart picks a free one) may take over its dead entry this soon;
+	// memberlist's default, never, kept it dead to its peers.
+	mc.DeadNodeReclaimTime = cfg.ProbeInterval
 	g.mlLog = &memberlistLog{log: g.log}
 	mc.Logger = log.New(g.mlLog, "", 0)
 	mc.Delegate = g

@@ -273,10 +273,11 @@ func (s *shmPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) 
 	if err != nil {
 		return nil, err
 	}
-	ck := cacheKey(k)
+	var kb [cacheKeyBytes]byte
+	ck := appendCacheKey(kb[:0], k)
 	if !s.noCache {
 		s.cacheMu.RLock()
-		loc, ok := s.cache[ck]
+		loc, ok := s.cache[string(ck)]
 		s.cacheMu.RUnlock()
 		if ok && loc.handle == v.handle {
 			return v, nil
@@ -293,13 +294,19 @@ func (s *shmPath) view(ctx context.Context, k BlockKey, l lease) (*View, error) 
 		return nil, err
 	}
 	if !s.noCache {
-		s.remember(ck, location{offset: uint64(v.offset), size: uint64(len(v.mem)), crc: v.crc, handle: v.handle})
+		s.remember(string(ck), location{offset: uint64(v.offset), size: uint64(len(v.mem)), crc: v.crc, handle: v.handle})
 	}
 	return v, nil
 }
 
-// cacheKey names k in the location cache.
-func cacheKey(k BlockKey) string { return k.Tenant + "\x00" + k.Namespace + "\x00" + string(k.Key) }
+// cacheKeyBytes bounds a location-cache key: names, key and separators.
+const cacheKeyBytes = 2*MaxNameBytes + MaxKeyBytes + 2
+
+// appendCacheKey appends k's name in the location cache to b: built in a
+// caller's stack buffer, it is looked up without allocating.
+func appendCacheKey(b []byte, k BlockKey) []byte {
+	return append(append(append(append(append(b, k.Tenant...), 0), k.Namespace...), 0), k.Key...)
+}
 
 // pin pins the block under k and returns its bytes in place, unchecked.
 func (s *shmPath) pin(ctx context.Context, k BlockKey, l lease) (*View, error) {
@@ -320,8 +327,8 @@ func (s *shmPath) pin(ctx context.Context, k BlockKey, l lease) (*View, error) {
 }
 
 func (s *shmPath) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, error) {
-	var kb [2*MaxNameBytes + MaxKeyBytes + 2]byte
-	ck := append(append(append(append(append(kb[:0], k.Tenant...), 0), k.Namespace...), 0), k.Key...)
+	var kb [cacheKeyBytes]byte
+	ck := appendCacheKey(kb[:0], k)
 	if !s.noCache && !l.on {
 		if v, ok, err := s.getCached(ck, k, dst); ok || err != nil {
 			return v, err

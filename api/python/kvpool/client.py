@@ -135,6 +135,22 @@ def _io_error(what, err):
     return errors.Unavailable(f"kvpool: {what}: {err}")
 
 
+def _as_array(mv, dtype, shape):
+    a = np.frombuffer(mv, dtype=dtype)
+    return a if shape is None else a.reshape(shape)
+
+
+def _as_tensor(mv, dtype, shape):
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when the buffer is read-only
+        t = torch.from_numpy(np.frombuffer(mv, dtype=np.uint8))
+    if dtype is not None:
+        t = t.view(dtype)
+    return t if shape is None else t.reshape(shape)
+
+
 class View:
     """A block's bytes. On the shm path they are the node's arena, pinned
     until release() (or the end of a with block): read them in place, never
@@ -159,21 +175,12 @@ class View:
 
     def as_numpy(self, dtype=np.uint8, shape=None):
         """The bytes as a read-only numpy array (no copy)."""
-        a = np.frombuffer(self.data, dtype=dtype)
-        return a if shape is None else a.reshape(shape)
+        return _as_array(self.data, dtype, shape)
 
     def as_tensor(self, dtype=None, shape=None):
         """The bytes as a CPU torch tensor (no copy). The tensor MUST NOT be
         written and MUST NOT be used after release."""
-        import torch
-
-        a = self.as_numpy(np.uint8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns that the buffer is read-only
-            t = torch.from_numpy(a)
-        if dtype is not None:
-            t = t.view(dtype)
-        return t if shape is None else t.reshape(shape)
+        return _as_tensor(self.data, dtype, shape)
 
     def verify(self):
         """Checks the bytes against the node's checksum (DataLoss if they differ)."""
@@ -225,19 +232,16 @@ class Reservation:
         return self._mv
 
     def as_numpy(self, dtype=np.uint8, shape=None):
-        a = np.frombuffer(self.data, dtype=dtype)
-        return a if shape is None else a.reshape(shape)
+        """The writable bytes as a numpy array (no copy)."""
+        return _as_array(self.data, dtype, shape)
 
     def as_tensor(self, dtype=None, shape=None):
-        import torch
-
-        t = torch.from_numpy(self.as_numpy(np.uint8))
-        if dtype is not None:
-            t = t.view(dtype)
-        return t if shape is None else t.reshape(shape)
+        """The writable bytes as a CPU torch tensor (no copy)."""
+        return _as_tensor(self.data, dtype, shape)
 
     def commit(self, replicas=1):
-        """Publishes the block; the node checksums it. Returns a PutResult."""
+        """Publishes the block with the checksum of its bytes, taken here.
+        Returns a PutResult."""
         if self._done:
             raise errors.FailedPrecondition("kvpool: reservation already ended")
         self._done = True
@@ -478,7 +482,7 @@ class _ShmPath:
         _copy(dst[:n], src)
         if verify and crc32c(dst[:n]) != want:
             raise errors.DataLoss(f"kvpool: shared block has a CRC other than the node's {want:08x}")
-        return dst, n
+        return dst, n, want
 
     def reserve(self, client, tenant, ns, key, size):
         r = self.round_trip("reserve", wire.encode_request(wire.OP_RESERVE, tenant, ns, key, value_len=size))
@@ -576,7 +580,19 @@ def _remove_over(conn, tenant, ns, keys, force):
     return out
 
 
-class _DataPath:
+class _CopyingPath:
+    """What the paths without shared memory share: a view is a checked
+    copy, a reservation a private buffer that commit puts."""
+
+    def view(self, tenant, ns, key, lease):
+        mv, n, crc = self.get_into(tenant, ns, key, None, lease)
+        return View(None, 0, mv[:n].toreadonly(), crc), None
+
+    def reserve(self, client, tenant, ns, key, size):
+        return Reservation(client, key, memoryview(bytearray(size)))
+
+
+class _DataPath(_CopyingPath):
     """The framed TCP data channel: a pool of connections, one per call in
     flight, values received into and sent from the caller's memory."""
 
@@ -669,10 +685,10 @@ class _DataPath:
         crc = c.recv_checksummed(dst[:n])
         if crc != r.crc:
             raise errors.DataLoss(f"kvpool: received bytes have CRC {crc:08x}, the node stored {r.crc:08x}")
-        return dst, n
+        return dst, n, crc
 
     def get_many(self, tenant, ns, keys):
-        """Pipelined gets: one (memoryview, n) or exception per key."""
+        """Pipelined gets: one (memoryview, n, crc) or exception per key."""
 
         def op(c):
             c.send(b"".join(wire.encode_request(wire.OP_GET, tenant, ns, k) for k in keys))
@@ -690,18 +706,11 @@ class _DataPath:
 
         return self.with_conn("get", op)
 
-    def view(self, tenant, ns, key, lease):
-        mv, n = self.get_into(tenant, ns, key, None, lease)
-        return View(None, 0, mv[:n].toreadonly(), crc32c(mv[:n])), None
-
-    def reserve(self, client, tenant, ns, key, size):
-        return Reservation(client, key, memoryview(bytearray(size)))
-
     def remove(self, tenant, ns, keys, force):
         return self.with_conn("remove", lambda c: _remove_over(c, tenant, ns, keys, force))
 
 
-class _GrpcPath:
+class _GrpcPath(_CopyingPath):
     """Bytes as protobuf messages over grpcio."""
 
     def __init__(self, stub, timeout):
@@ -746,14 +755,7 @@ class _GrpcPath:
             raise errors.Unavailable(f"kvpool: get stream ended after {n} of {size} bytes")
         if crc32c(dst[:n]) != want:
             raise errors.DataLoss("kvpool: received bytes do not match the node's checksum")
-        return dst, n
-
-    def view(self, tenant, ns, key, lease):
-        mv, n = self.get_into(tenant, ns, key, None, lease)
-        return View(None, 0, mv[:n].toreadonly(), crc32c(mv[:n])), None
-
-    def reserve(self, client, tenant, ns, key, size):
-        return Reservation(client, key, memoryview(bytearray(size)))
+        return dst, n, want
 
     def remove(self, tenant, ns, keys, force):
         out = []
@@ -899,7 +901,7 @@ class Client:
     def get(self, key, lease=None):
         """The block under key, as a new bytearray. lease (True, or seconds)
         also takes a read lease on it."""
-        mv, n = self._bytes.get_into(self._tenant, self._namespace, _key(key), None, lease)
+        mv, n, _ = self._bytes.get_into(self._tenant, self._namespace, _key(key), None, lease)
         return mv.obj if n == mv.nbytes else bytearray(mv[:n])
 
     def get_into(self, key, buffer, lease=None):

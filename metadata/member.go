@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -139,12 +140,15 @@ type Member struct {
 	wake chan struct{}
 
 	// Written only by Run's goroutine.
-	lease   clientv3.LeaseID
-	seq     uint64
-	logLen  int // batches in the current epoch's log since the last snapshot
-	links   linkState
-	stats   MemberStats
-	statsMu sync.Mutex
+	lease clientv3.LeaseID
+	seq   uint64
+	// progressed is set when the current session wrote to etcd, so Run
+	// starts its backoff afresh after a session that worked.
+	progressed bool
+	logLen     int // batches in the current epoch's log since the last snapshot
+	links      linkState
+	stats      MemberStats
+	statsMu    sync.Mutex
 }
 
 // linkState is what the member published under links/<node> in the
@@ -238,13 +242,27 @@ func (m *Member) Stats() MemberStats {
 // On a clean stop it revokes the lease, so the node's records leave etcd
 // at once. It retries etcd failures forever; it returns nil when ctx ends.
 func (m *Member) Run(ctx context.Context) error {
-	backoff := 50 * time.Millisecond
+	const firstBackoff = 50 * time.Millisecond
+	backoff := firstBackoff
 	for ctx.Err() == nil {
+		m.progressed = false
 		err := m.session(ctx)
 		if ctx.Err() != nil {
 			break
 		}
 		m.count(func(s *MemberStats) { s.Failures++ })
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// etcd answers again but our lease expired while it could not
+			// hear us (frozen, partitioned, restarted without its data).
+			// Retrying it would fail forever; register anew at once.
+			m.lease = 0
+			backoff = firstBackoff
+		}
+		if m.progressed {
+			// The session wrote something before it ended: this is a new
+			// failure, not the same outage going on.
+			backoff = firstBackoff
+		}
 		m.log.Warn("etcd session ended; retrying", "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
@@ -366,7 +384,7 @@ func (m *Member) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
-	m.lease, m.seq, m.logLen = g.ID, 0, 0
+	m.lease, m.seq, m.logLen, m.progressed = g.ID, 0, 0, true
 	m.links.written, m.links.at, m.links.failing = nil, m.cfg.Now(), false
 	if len(links) > 0 {
 		m.links.written = links
@@ -461,6 +479,7 @@ func (m *Member) put(ctx context.Context, b *Batch) error {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	m.seq++
+	m.progressed = true
 	return nil
 }
 

@@ -70,8 +70,24 @@ type ServerConfig struct {
 	// frame once it has started, and for a write to drain. Default 30 s.
 	IOTimeout time.Duration
 	// IdleTimeout closes data-channel connections that send nothing for
-	// this long. Default 10 min.
+	// this long, and gRPC connections with no call open. Default 10 min.
 	IdleTimeout time.Duration
+	// HandshakeTimeout is how long a new connection on any door may take
+	// to send its first bytes (the data channel's or the transport's
+	// preamble, gRPC's HTTP/2 preface, a metrics request's header) before
+	// it is closed: a connection that says nothing is only a descriptor
+	// held. Default 2 s.
+	HandshakeTimeout time.Duration
+	// MaxConnsPerDoor caps the open connections on each door (the TCP
+	// port, the shm socket, the shm transport's socket, the metrics
+	// listener); one more is closed as soon as it is accepted and counted
+	// in kvpool_pool_refused_connections_total. Default 16384; keep the
+	// doors' sum under the process's file descriptor limit.
+	MaxConnsPerDoor int
+	// MaxConnsPerRemote caps the open connections from one remote IP
+	// address, over the TCP port and the metrics listener together, so one
+	// client cannot fill a door. Default 1024.
+	MaxConnsPerRemote int
 	// SpinWait is how long a data connection keeps polling its socket for
 	// the next request before its goroutine sleeps. Waking a sleeping
 	// thread costs tens of microseconds (more on a VM), a round trip's
@@ -220,6 +236,15 @@ func (c *ServerConfig) fill(nodeID string) {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 10 * time.Minute
 	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 2 * time.Second
+	}
+	if c.MaxConnsPerDoor == 0 {
+		c.MaxConnsPerDoor = 16384
+	}
+	if c.MaxConnsPerRemote == 0 {
+		c.MaxConnsPerRemote = 1024
+	}
 	if c.SpinWait == 0 {
 		c.SpinWait = 100 * time.Microsecond
 	}
@@ -304,8 +329,14 @@ func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(
 
 func (c *ServerConfig) validate() []error {
 	var p problems
-	if c.IOTimeout < 0 || c.IdleTimeout < 0 {
-		p.add("io and idle timeouts must not be negative")
+	if c.IOTimeout < 0 || c.IdleTimeout < 0 || c.HandshakeTimeout < 0 {
+		p.add("io, idle and handshake timeouts must not be negative")
+	}
+	if c.MaxConnsPerDoor < 0 || c.MaxConnsPerRemote < 0 {
+		p.add("connection caps must not be negative")
+	}
+	if c.MaxConnsPerRemote > c.MaxConnsPerDoor {
+		p.add("at most %d connections per remote address: more than the %d a door holds", c.MaxConnsPerRemote, c.MaxConnsPerDoor)
 	}
 	if c.SpinWait > 10*time.Millisecond {
 		p.add("spin wait %v: at most 10ms (it is CPU spent per request; negative turns it off)", c.SpinWait)

@@ -29,10 +29,14 @@ type doors struct {
 	xfer *net.UnixListener // the shm transport's socket; nil with DisableShm
 	http net.Listener      // nil without MetricsAddr
 
-	ioTimeout time.Duration
-	log       *slog.Logger
+	// handshakeTimeout bounds how long a new connection may take to send
+	// its first bytes (see ServerConfig.HandshakeTimeout).
+	handshakeTimeout time.Duration
+	log              *slog.Logger
 	// acceptFailed counts a failed accept of a door; nil counts nothing.
 	acceptFailed func(door string)
+	// limits caps the open connections per door and per remote address.
+	limits connLimits
 	// tasks runs every goroutine serving a connection (and the helpers of
 	// calls), and conns tracks the open connections so shutdown can close
 	// them.
@@ -93,10 +97,25 @@ func listenUnix(path string) (*net.UnixListener, error) {
 // NB: the gRPC listener is closed by the gRPC server when it stops, not
 // here, so that Serve returns nil rather than a listener error.
 func (d *doors) acceptTCP(ctx context.Context, data func(net.Conn), xfer func(context.Context, net.Conn) error) error {
-	return d.accept(ctx, "tcp", d.tcp.Accept, func(c net.Conn) {
-		d.serve(c, func() bool { return d.sniff(ctx, c, data, xfer) })
+	return d.accept(ctx, doorTCP, d.tcp.Accept, func(c net.Conn, release func()) {
+		d.serve(c, release, func() bool { return d.sniff(ctx, c, release, data, xfer) })
 	})
 }
+
+// The doors, as metrics and logs name them.
+const (
+	doorTCP         = "tcp"          // gRPC, the data channel and the tcp transport
+	doorShm         = "shm"          // same-host clients
+	doorShmTransfer = "shm-transfer" // same-host peers' shm transport
+	doorMetrics     = "metrics"      // /metrics, /healthz, /readyz
+)
+
+// Why a connection was refused, as kvpool_pool_refused_connections_total
+// names it.
+const (
+	refusedDoorFull   = "door_full"
+	refusedRemoteFull = "remote_full"
+)
 
 // Backoff of an accept loop whose accepts fail.
 const (
@@ -111,13 +130,21 @@ const (
 // 1 s between tries (so the warning is logged at most about once a second)
 // and counts each failure; connections it has not accepted wait in the
 // kernel's backlog or are refused by it.
-func (d *doors) accept(ctx context.Context, door string, accept func() (net.Conn, error), handle func(net.Conn)) error {
+//
+// A connection past the door's caps (connLimits) is closed at once: the
+// peer sees end of file and the descriptor comes back. handle owns an
+// admitted connection and must call release once it is closed.
+func (d *doors) accept(ctx context.Context, door string, accept func() (net.Conn, error), handle func(c net.Conn, release func())) error {
 	var delay time.Duration
 	for {
 		c, err := accept()
 		if err == nil {
 			delay = 0
-			handle(c)
+			if release, ok := d.limits.admit(door, c); ok {
+				handle(c, release)
+			} else {
+				c.Close()
+			}
 			continue
 		}
 		if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
@@ -141,7 +168,9 @@ func (d *doors) accept(ctx context.Context, door string, accept func() (net.Conn
 // serve runs f for the accepted connection c, tracked so shutdown closes
 // c and waits for f, then closes c unless f handed it off (to gRPC). Once
 // shutdown began, c is closed instead.
-func (d *doors) serve(c net.Conn, f func() (handedOff bool)) {
+// release is called once c is closed here; a handed-off connection calls
+// it when its new owner closes it.
+func (d *doors) serve(c net.Conn, release func(), f func() (handedOff bool)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// NB: tracking and starting happen under one lock, which closeConns
@@ -152,9 +181,11 @@ func (d *doors) serve(c net.Conn, f func() (handedOff bool)) {
 		d.untrack(c)
 		if !handedOff {
 			c.Close()
+			release()
 		}
 	}) {
 		c.Close()
+		release()
 		return
 	}
 	d.conns[c] = struct{}{}
@@ -162,9 +193,11 @@ func (d *doors) serve(c net.Conn, f func() (handedOff bool)) {
 
 // sniff reads the first bytes of c and serves it with the right server;
 // it reports whether it handed c to gRPC, which then owns it.
-func (d *doors) sniff(ctx context.Context, c net.Conn, data func(net.Conn), xfer func(context.Context, net.Conn) error) (handedOff bool) {
+func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func(net.Conn), xfer func(context.Context, net.Conn) error) (handedOff bool) {
 	var first [len(wire.Preamble)]byte
-	c.SetReadDeadline(time.Now().Add(d.ioTimeout))
+	// A connection that says nothing is closed fast: until it has sent
+	// its first bytes it is only a descriptor held.
+	c.SetReadDeadline(time.Now().Add(d.handshakeTimeout))
 	k, err := io.ReadFull(c, first[:4])
 	if err != nil {
 		return false
@@ -186,7 +219,7 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, data func(net.Conn), xfer
 	default:
 		// Not ours: gRPC owns it from here, replaying the bytes we read.
 		c.SetReadDeadline(time.Time{})
-		return d.grpc.deliver(&prefixConn{Conn: c, prefix: first[:k]})
+		return d.grpc.deliver(&prefixConn{Conn: c, prefix: first[:k], release: release})
 	}
 	return false
 }
@@ -199,9 +232,17 @@ func setNoDelay(c net.Conn) {
 
 // acceptShm accepts same-host clients on the shm socket.
 func (d *doors) acceptShm(ctx context.Context, serve func(*net.UnixConn)) error {
-	return d.accept(ctx, "shm", func() (net.Conn, error) { return d.shm.AcceptUnix() }, func(c net.Conn) {
+	return d.accept(ctx, doorShm, func() (net.Conn, error) { return d.shm.AcceptUnix() }, func(c net.Conn, release func()) {
 		uc := c.(*net.UnixConn)
-		d.serve(c, func() bool { serve(uc); return false })
+		d.serve(c, release, func() bool { serve(uc); return false })
+	})
+}
+
+// acceptShmTransfer accepts same-host peers on the shm transport's socket.
+func (d *doors) acceptShmTransfer(ctx context.Context, serve func(context.Context, *net.UnixConn)) error {
+	return d.accept(ctx, doorShmTransfer, func() (net.Conn, error) { return d.xfer.AcceptUnix() }, func(c net.Conn, release func()) {
+		uc := c.(*net.UnixConn)
+		d.serve(c, release, func() bool { serve(ctx, uc); return false })
 	})
 }
 
@@ -216,6 +257,9 @@ func (d *doors) stopAccepting() {
 	d.tcp.Close()
 	if d.shm != nil {
 		d.shm.Close()
+	}
+	if d.xfer != nil {
+		d.xfer.Close()
 	}
 }
 
@@ -312,10 +356,19 @@ func (l *chanListener) Close() error {
 
 func (l *chanListener) Addr() net.Addr { return l.addr }
 
-// prefixConn replays bytes already read from a connection.
+// prefixConn replays bytes already read from a connection, and releases
+// its place under the door's caps when its owner closes it.
 type prefixConn struct {
 	net.Conn
-	prefix []byte
+	prefix  []byte
+	release func()
+	closed  sync.Once
+}
+
+func (c *prefixConn) Close() error {
+	err := c.Conn.Close()
+	c.closed.Do(c.release)
+	return err
 }
 
 func (c *prefixConn) Read(p []byte) (int, error) {
@@ -325,4 +378,95 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 		return k, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// connLimits caps the connections a node holds open, so that no client
+// can take every descriptor: at most perDoor on each door, and at most
+// perRemote from one remote IP address across the TCP doors (a unix
+// socket's peers have no address; its door cap bounds them). Safe for
+// concurrent use.
+type connLimits struct {
+	perDoor, perRemote int // 0: no cap
+	// refused counts a connection refused at a cap; nil counts nothing.
+	refused func(door, reason string)
+
+	mu      sync.Mutex
+	open    map[string]int // by door
+	remotes map[string]int // by remote IP
+}
+
+// admit takes a place for c on door, or reports false when a cap is
+// reached (and counts the refusal). release gives the place back; it may
+// be called more than once, only the first counts.
+func (l *connLimits) admit(door string, c net.Conn) (release func(), ok bool) {
+	ip := ""
+	if a, isTCP := c.RemoteAddr().(*net.TCPAddr); isTCP {
+		ip = a.IP.String()
+	}
+	l.mu.Lock()
+	if l.open == nil {
+		l.open, l.remotes = map[string]int{}, map[string]int{}
+	}
+	reason := ""
+	switch {
+	case l.perDoor > 0 && l.open[door] >= l.perDoor:
+		reason = refusedDoorFull
+	case ip != "" && l.perRemote > 0 && l.remotes[ip] >= l.perRemote:
+		reason = refusedRemoteFull
+	}
+	if reason != "" {
+		l.mu.Unlock()
+		if l.refused != nil {
+			l.refused(door, reason)
+		}
+		return nil, false
+	}
+	l.open[door]++
+	if ip != "" {
+		l.remotes[ip]++
+	}
+	l.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.open[door]--
+			if ip != "" {
+				if l.remotes[ip]--; l.remotes[ip] == 0 {
+					delete(l.remotes, ip)
+				}
+			}
+		})
+	}, true
+}
+
+// openOn returns how many connections door holds open.
+func (l *connLimits) openOn(door string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open[door]
+}
+
+// limitedListener applies connLimits to a listener served by someone
+// else (the metrics door's HTTP server): connections past a cap are
+// closed inside Accept, and each admitted one releases its place when
+// closed.
+type limitedListener struct {
+	net.Listener
+	door   string
+	limits *connLimits
+}
+
+func (l limitedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if release, ok := l.limits.admit(l.door, c); ok {
+			return &prefixConn{Conn: c, release: release}, nil
+		}
+		c.Close()
+	}
 }

@@ -29,10 +29,11 @@ type metrics struct {
 	fetched       *prometheus.CounterVec // by transport
 	badPolicies   prometheus.Counter
 	acceptErrors  *prometheus.CounterVec // by door
+	refusedConns  *prometheus.CounterVec // by door and reason
 	logsDropped   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_requests_total",
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 			Name: "kvpool_pool_accept_errors_total",
 			Help: "Failed accepts, by door (tcp, shm): out of file descriptors or memory, or a connection reset before it was accepted. The door backs off and keeps serving.",
 		}, []string{"door"}),
+		refusedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_pool_refused_connections_total",
+			Help: "Connections closed as soon as they were accepted, by door and reason: door_full (the door holds --max-conns) or remote_full (the remote address holds --max-conns-per-remote).",
+		}, []string{"door", "reason"}),
 		logsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvpool_log_dropped_records_total",
 			Help: "Warnings and errors not logged because their cause had logged 10 records in the last 10 s.",
@@ -72,7 +77,15 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.logsDropped, &storeCollector{st}} {
+	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.logsDropped, &storeCollector{st}}
+	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
+		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "kvpool_pool_open_connections",
+			Help:        "Connections open on a door (tcp: gRPC, the data channel and the tcp transport together).",
+			ConstLabels: prometheus.Labels{"door": door},
+		}, func() float64 { return float64(limits.openOn(door)) }))
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

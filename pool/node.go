@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvpool/kvpool/api"
@@ -100,12 +101,14 @@ func New(cfg Config) (*Node, error) {
 		words = n.versions.words()[:pages]
 	}
 	n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
-	n.doors.ioTimeout, n.doors.log = cfg.IOTimeout, n.log
+	n.doors.handshakeTimeout, n.doors.log = cfg.HandshakeTimeout, n.log
 	n.doors.acceptFailed = func(door string) { n.metrics.acceptErrors.WithLabelValues(door).Inc() }
+	n.doors.limits = connLimits{perDoor: cfg.MaxConnsPerDoor, perRemote: cfg.MaxConnsPerRemote,
+		refused: func(door, reason string) { n.metrics.refusedConns.WithLabelValues(door, reason).Inc() }}
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
-	if n.metrics, err = newMetrics(cfg.Registerer, n.store); err != nil {
+	if n.metrics, err = newMetrics(cfg.Registerer, n.store, &n.doors.limits); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
 	n.engine = &engineLoad{profiles: cfg.Profiles, now: cfg.Now, store: n.store}
@@ -121,7 +124,7 @@ func New(cfg Config) (*Node, error) {
 		pull = n.grpcT
 	}
 	if !cfg.DisableShm {
-		n.shmT = transfer.NewSHM(transfer.SHMConfig{})
+		n.shmT = transfer.NewSHM(transfer.SHMConfig{DialTimeout: cfg.HandshakeTimeout, IOTimeout: cfg.IOTimeout})
 		if err := n.shmT.RegisterFile(arenaRegion, seg.file, 0, uint64(len(seg.mem))); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
@@ -173,6 +176,12 @@ func New(cfg Config) (*Node, error) {
 	n.grpcSrv = grpc.NewServer(append(transfer.ServerOptions(),
 		grpc.MaxRecvMsgSize(MaxBatchBytes+1<<20),
 		grpc.MaxSendMsgSize(MaxBatchBytes+1<<20),
+		// The HTTP/2 handshake has the handshake timeout; a connection
+		// with no call open is closed after the idle timeout, and one that
+		// goes quiet is pinged after the io timeout and closed when it does
+		// not answer within another (a half-sent frame never completes).
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout, Time: cfg.IOTimeout, Timeout: cfg.IOTimeout}),
 		grpc.ChainUnaryInterceptor(n.metrics.unaryInterceptor),
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
 	)...)
@@ -268,9 +277,11 @@ func (n *Node) Run(ctx context.Context) error {
 	g := services{cancel: cancel}
 	var httpSrv *http.Server
 	if n.doors.http != nil {
-		httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: n.cfg.HandshakeTimeout,
+			WriteTimeout: n.cfg.IOTimeout, IdleTimeout: n.cfg.IdleTimeout}
 		g.Go("metrics server", func() error {
-			if err := httpSrv.Serve(n.doors.http); !errors.Is(err, http.ErrServerClosed) {
+			ln := limitedListener{Listener: n.doors.http, door: doorMetrics, limits: &n.doors.limits}
+			if err := httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -293,7 +304,7 @@ func (n *Node) Run(ctx context.Context) error {
 	})
 	if n.doors.shm != nil {
 		g.Go("shm accept loop", func() error { return n.doors.acceptShm(ctx, n.data.serveShm) })
-		g.Go("shm transfer server", func() error { return n.shmT.Serve(ctx, n.doors.xfer) })
+		g.Go("shm transfer accept loop", func() error { return n.doors.acceptShmTransfer(ctx, n.shmT.ServeAccepted) })
 	}
 	g.Go("reservation sweeper", func() error { n.sweep(ctx); return nil })
 	if n.cluster != nil {

@@ -2,40 +2,15 @@ package test
 
 import (
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/kvpool/kvpool/internal/eventually"
 )
-
-// acceptErrors scrapes a node's count of failed accepts on the tcp door;
-// ok is false while the scrape itself cannot get through.
-func acceptErrors(metrics string) (n int, ok bool) {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + metrics + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, false
-	}
-	m := regexp.MustCompile(`kvpool_pool_accept_errors_total\{door="tcp"\} (\d+)`).FindSubmatch(body)
-	if m == nil {
-		return 0, true
-	}
-	n, _ = strconv.Atoi(string(m[1]))
-	return n, true
-}
 
 // A node out of file descriptors sheds connections and keeps serving: it
 // used to exit with status 1 at the first EMFILE from accept. Idle
@@ -68,11 +43,11 @@ func TestServeSurvivesFileDescriptorExhaustion(t *testing.T) {
 	}
 	eventually.True(t, "the node to count failed accepts and answer a scrape", 30*time.Second, func() bool {
 		alive()
-		n, ok := acceptErrors(s.metrics)
+		n, ok := metricValue(s.metrics, `kvpool_pool_accept_errors_total{door="tcp"}`)
 		return ok && n > 0
 	})
-	refused, _ := acceptErrors(s.metrics)
-	t.Logf("%d idle connections opened against a %d-descriptor limit; %d accepts failed and were retried", len(idle), limit, refused)
+	refused, _ := metricValue(s.metrics, `kvpool_pool_accept_errors_total{door="tcp"}`)
+	t.Logf("%d idle connections opened against a %d-descriptor limit; %.0f accepts failed and were retried", len(idle), limit, refused)
 	for _, c := range idle {
 		c.Close()
 	}

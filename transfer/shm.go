@@ -55,9 +55,15 @@ type SHMConfig struct {
 	// Workers is how many goroutines copy one batch's ops in parallel.
 	// Default 2: memory bandwidth on our hosts saturates with two copies.
 	Workers int
-	// DialTimeout bounds connecting to a peer's socket and its answer.
-	// Default 1 s.
+	// DialTimeout bounds connecting to a peer's socket and its answer,
+	// and, serving, how long a new connection may take to send its
+	// preamble. Default 1 s.
 	DialTimeout time.Duration
+	// IOTimeout bounds the rest of a served request once its first byte
+	// is in. A connection between requests may stay idle as long as its
+	// peer lives: the peer holds it open to learn, by its end, that this
+	// process died. Default 5 s.
+	IOTimeout time.Duration
 }
 
 // SHM is the same-host transport. Safe for concurrent use.
@@ -116,6 +122,9 @@ func NewSHM(cfg SHMConfig) *SHM {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = time.Second
+	}
+	if cfg.IOTimeout <= 0 {
+		cfg.IOTimeout = 5 * time.Second
 	}
 	return &SHM{cfg: cfg, regions: map[RegionID]*shmRegion{}, peers: map[string]*shmPeer{}}
 }
@@ -227,11 +236,19 @@ func (s *SHM) ServeConn(ctx context.Context, c *net.UnixConn) error {
 	defer stop()
 	var req [shmReqBytes]byte
 	for {
-		if _, err := io.ReadFull(c, req[:]); err != nil {
+		c.SetReadDeadline(time.Time{})
+		if _, err := io.ReadFull(c, req[:1]); err != nil {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return nil
 			}
 			return err
+		}
+		c.SetReadDeadline(time.Now().Add(s.cfg.IOTimeout))
+		if _, err := io.ReadFull(c, req[1:]); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("truncated request: %w", err)
 		}
 		id := RegionID(binary.LittleEndian.Uint32(req[:]))
 		var resp [shmRespBytes]byte
@@ -273,15 +290,21 @@ func (s *SHM) Serve(ctx context.Context, ln *net.UnixListener) error {
 		}
 		wg.Go(func() {
 			defer c.Close()
-			var pre [8]byte
-			c.SetReadDeadline(time.Now().Add(s.cfg.DialTimeout))
-			if _, err := io.ReadFull(c, pre[:]); err != nil || pre != SHMPreamble {
-				return
-			}
-			c.SetReadDeadline(time.Time{})
-			s.ServeConn(ctx, c)
+			s.ServeAccepted(ctx, c)
 		})
 	}
+}
+
+// ServeAccepted serves a connection just accepted on the shm socket: it
+// reads the preamble (within DialTimeout), then answers requests until
+// the peer closes c or ctx ends. The caller closes c.
+func (s *SHM) ServeAccepted(ctx context.Context, c *net.UnixConn) {
+	var pre [8]byte
+	c.SetReadDeadline(time.Now().Add(s.cfg.DialTimeout))
+	if _, err := io.ReadFull(c, pre[:]); err != nil || pre != SHMPreamble {
+		return
+	}
+	s.ServeConn(ctx, c)
 }
 
 // peer returns the connection to addr, dialing it if needed.

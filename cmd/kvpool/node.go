@@ -109,6 +109,7 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var cpuProfile string
 	var remote bool
 	rc := bench.RemoteConfig{Transport: transfer.ProtocolTCP, Conns: 2, ChainBlocks: 16}
+	so := soakOptions{keys: 1024, maxValue: 1 << 20}
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure Get or Put throughput against the raw-TCP or memcpy baseline",
@@ -123,6 +124,18 @@ the physical baseline it must be judged against:
                          (--no-location-cache makes every get ask it)
   --path grpc            as data
 
+With --soak DURATION, bench runs a mixed workload instead: put (plain and,
+on shm, reserve/commit), get (copied and, on shm, zero-copy views) and remove,
+of log-uniform sizes up to --soak-max-value, one worker per path (shm, data,
+grpc), every byte read back checked. It samples the node's RSS, arena,
+private (anonymous) memory, heap, goroutines and descriptors and fails
+(exit 1) on a wrong byte, a removed block served, an unexpected error, or
+growth between the load's second quarter and its last past stated bounds
+(RSS ×1.1 + 48 MiB, private ×1.25 + 32 MiB, heap ×1.5 + 32 MiB, goroutines
++20, descriptors +10; idle after against idle before too). Without --server
+it starts a daemon as a child process (arena --capacity, default 64MiB for a
+soak) so /proc is read for it; with --server give --metrics and --pid.
+
 With --remote, bench starts an embedded etcd and two nodes, stores blocks on
 one, and measures the other fetching them in chains (pin on the holder,
 one-sided reads into its arena, checksum, commit as a replica) against raw TCP
@@ -134,9 +147,20 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 		Example: `  kvpool node bench --op get --block-size 2MiB --clients 4 --duration 10s --json
   kvpool node bench --op get --path shm --block-size 2MiB --json
   kvpool node bench --server 10.0.0.5:7070 --op put --clients 2
-  kvpool node bench --remote --transport tcp --conns 2 --block-size 2MiB --json`,
+  kvpool node bench --remote --transport tcp --conns 2 --block-size 2MiB --json
+  kvpool node bench --soak 30m`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if so.duration != 0 {
+				if so.duration < 0 || so.keys < 1 || so.maxValue < 1 || so.maxValue > 64<<20 {
+					return usagef("--soak must be positive, --soak-keys at least 1 and --soak-max-value 1 byte to 64 MiB")
+				}
+				capacity := cfg.CapacityBytes
+				if !cmd.Flags().Changed("capacity") {
+					capacity = 64 << 20
+				}
+				return runSoak(cmd.Context(), e, cfg.Server, capacity, so, asJSON)
+			}
 			p, err := api.ParsePath(path)
 			if err != nil {
 				return usage(err)
@@ -209,6 +233,11 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.Var(textV[transfer.Protocol]{&rc.Transport}, "transport", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")
 	f.IntVar(&rc.Conns, "conns", rc.Conns, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")
 	f.IntVar(&rc.ChainBlocks, "chain-blocks", rc.ChainBlocks, "with --remote: blocks per Fetch")
+	f.DurationVar(&so.duration, "soak", 0, "run the soak for this long instead of measuring throughput (see above)")
+	f.StringVar(&so.metrics, "metrics", "", "with --soak --server: the node's metrics address (host:port)")
+	f.IntVar(&so.pid, "pid", 0, "with --soak --server: the node's process id, to read its memory and descriptors from /proc")
+	f.IntVar(&so.keys, "soak-keys", so.keys, "with --soak: key slots per worker")
+	f.Var(sizeV(&so.maxValue), "soak-max-value", "with --soak: largest value (sizes are log-uniform from 1 byte)")
 	return c
 }
 

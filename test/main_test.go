@@ -10,7 +10,13 @@ import (
 
 // TestMain removes the binary the end-to-end tests built, and checks that
 // no goroutine outlives the clusters and daemons the tests started.
+//
+// With KVPOOL_TEST_HELPER set, the binary is instead a helper process that
+// a test starts and kills (runHelper).
 func TestMain(m *testing.M) {
+	if role := os.Getenv("KVPOOL_TEST_HELPER"); role != "" {
+		os.Exit(runHelper(role))
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

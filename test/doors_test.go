@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,9 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,11 +146,16 @@ func idleConnCount(t *testing.T) int {
 	return 4000
 }
 
-// Thousands of connections that never send a byte, from ten addresses,
-// against a node with 2,048 descriptors: the caps refuse what the node
-// cannot hold, the handshake timeout closes the rest, /healthz answers
-// throughout, and once the handshake timeout has passed a client puts
-// and gets while every idle connection is still open at the client.
+// idleConnsPerHelper is the most connections one helper process holds,
+// well under a default descriptor limit.
+const idleConnsPerHelper = 8000
+
+// Thousands of connections that never send a byte, held by separate
+// client processes from eight addresses, against a node with 2,048
+// descriptors: the caps refuse what the node cannot hold, the handshake
+// timeout closes the rest, /healthz answers throughout, and once the
+// handshake timeout has passed a client puts and gets while every idle
+// connection is still open at its client.
 func TestManyIdleConnections(t *testing.T) {
 	const fdLimit, perDoor, perRemote = 2048, 1500, 400
 	s := startServeCmd(t, func(bin string, args ...string) *exec.Cmd {
@@ -155,58 +163,67 @@ func TestManyIdleConnections(t *testing.T) {
 	}, "--standalone", "--capacity", "16MiB", "--handshake-timeout", "1s",
 		"--max-conns", strconv.Itoa(perDoor), "--max-conns-per-remote", strconv.Itoa(perRemote))
 	n := idleConnCount(t)
-	var (
-		mu        sync.Mutex
-		idle      []net.Conn
-		failed    int
-		wg        sync.WaitGroup
-		hosts     = 8
-		healthy   = true
-		stopCheck = make(chan struct{})
-	)
-	defer func() {
-		for _, c := range idle {
-			c.Close()
-		}
-	}()
-	checked := make(chan struct{})
+	var healthy atomic.Bool
+	healthy.Store(true)
+	stopCheck, checked := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(checked)
 		for {
 			select {
 			case <-stopCheck:
 				return
-			default:
+			case <-time.After(50 * time.Millisecond):
 			}
 			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + s.metrics + "/healthz")
 			if err != nil || resp.StatusCode != 200 {
-				mu.Lock()
-				healthy = false
-				mu.Unlock()
+				healthy.Store(false)
 			}
 			if err == nil {
 				resp.Body.Close()
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	start := time.Now()
-	for h := range hosts {
-		wg.Go(func() {
-			for range n / hosts {
-				c, err := dialFrom(10+h, s.addr)
-				mu.Lock()
-				if err != nil {
-					failed++
-				} else {
-					idle = append(idle, c)
-				}
-				mu.Unlock()
-			}
-		})
+	var helpers []*exec.Cmd
+	defer func() {
+		for _, h := range helpers {
+			h.Process.Kill()
+			h.Wait()
+		}
+	}()
+	type report struct {
+		line string
+		err  error
 	}
-	wg.Wait()
-	opened := time.Since(start)
+	reports := make(chan report, n/idleConnsPerHelper+1)
+	for first := 0; first < n; first += idleConnsPerHelper {
+		h := exec.Command(os.Args[0], "-test.run=^$")
+		h.Env = append(os.Environ(), "KVPOOL_TEST_HELPER=idle", "KVPOOL_HELPER_ADDR="+s.addr,
+			"KVPOOL_HELPER_CONNS="+strconv.Itoa(min(idleConnsPerHelper, n-first)), "KVPOOL_HELPER_HOST="+strconv.Itoa(10+len(helpers)*8))
+		h.Stderr = os.Stderr
+		out, err := h.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		helpers = append(helpers, h)
+		go func() {
+			line, err := bufio.NewReader(out).ReadString('\n')
+			reports <- report{strings.TrimSpace(line), err}
+		}()
+	}
+	opened, failed := 0, 0
+	for range helpers {
+		r := <-reports
+		var o, f int
+		if _, err := fmt.Sscanf(r.line, "opened %d failed %d", &o, &f); err != nil {
+			t.Fatalf("a helper said %q (%v)", r.line, r.err)
+		}
+		opened, failed = opened+o, failed+f
+	}
+	took := time.Since(start)
 	close(stopCheck)
 	<-checked
 	select {
@@ -214,11 +231,11 @@ func TestManyIdleConnections(t *testing.T) {
 		t.Fatalf("the node exited under %d idle connections: %v", n, err)
 	default:
 	}
-	if !healthy {
+	if !healthy.Load() {
 		t.Error("/healthz failed while the idle connections were opened")
 	}
 	// Every idle connection is closed by the node within the handshake
-	// timeout (or at once when refused), although the client holds them.
+	// timeout (or at once when refused), although the clients hold them.
 	eventually.True(t, "the node to close every idle connection", 30*time.Second, func() bool {
 		o, ok := metricValue(s.metrics, `kvpool_pool_open_connections{door="tcp"}`)
 		return ok && o == 0
@@ -230,9 +247,43 @@ func TestManyIdleConnections(t *testing.T) {
 	if got := mustOK(t, kv(t, nil, "block", "get", "--server", s.addr, "--tenant", "t", "--namespace", "n", "--key", "k")); got.stdout != "value" {
 		t.Fatalf("read back %q", got.stdout)
 	}
-	t.Logf("%d idle connections from %d addresses in %v (%d dials failed at the kernel) against %d descriptors: "+
+	t.Logf("%d idle connections held by %d client processes from %d addresses, opened in %v (%d dials failed at the kernel), against %d descriptors: "+
 		"%.0f refused as remote_full, %.0f as door_full, %.0f accepts failed; the rest closed by the handshake timeout; the node served a put and get after",
-		len(idle), hosts, opened.Round(time.Millisecond), failed, fdLimit, rr, rd, ae)
+		opened, len(helpers), 8*len(helpers), took.Round(time.Millisecond), failed, fdLimit, rr, rd, ae)
+}
+
+// runIdleHelper opens KVPOOL_HELPER_CONNS connections to KVPOOL_HELPER_ADDR
+// from 127.0.0.(KVPOOL_HELPER_HOST + 0..7), says how many on stdout, and
+// holds them until killed.
+func runIdleHelper() int {
+	n, _ := strconv.Atoi(os.Getenv("KVPOOL_HELPER_CONNS"))
+	host, _ := strconv.Atoi(os.Getenv("KVPOOL_HELPER_HOST"))
+	addr := os.Getenv("KVPOOL_HELPER_ADDR")
+	var (
+		mu             sync.Mutex
+		conns          []net.Conn
+		opened, failed int
+		wg             sync.WaitGroup
+	)
+	for h := range 8 {
+		wg.Go(func() {
+			for range n / 8 {
+				c, err := dialFrom(host+h, addr)
+				mu.Lock()
+				if err != nil {
+					failed++
+				} else {
+					opened++
+					conns = append(conns, c)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("opened %d failed %d\n", opened, failed)
+	time.Sleep(time.Hour) // until killed, holding conns
+	return 0
 }
 
 // doorCase is one way to hold a connection open on a door without

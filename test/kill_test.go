@@ -294,11 +294,17 @@ func TestKillClientDuringPut(t *testing.T) {
 // helperPutBytes is the value size of the killed client's put.
 const helperPutBytes = 256 << 20
 
-// runHelper is the client process TestKillClientDuringPut kills: it puts
+// runHelper runs the helper process role names: "idle" for
+// TestManyIdleConnections (runIdleHelper), "put" for
+// TestKillClientDuringPut, which kills it: it puts
 // one 256 MiB block (on shm: reserves it, writes half, and waits to be
 // killed) and says on stdout when it is under way.
 func runHelper(role string) int {
-	if role != "put" {
+	switch role {
+	case "idle":
+		return runIdleHelper()
+	case "put":
+	default:
 		fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)
 		return 2
 	}

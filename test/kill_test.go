@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
 	"github.com/kvpool/kvpool/internal/eventually"
 )
 
@@ -339,4 +340,61 @@ func runHelper(role string) int {
 	}
 	time.Sleep(time.Hour) // until killed
 	return 1
+}
+
+// A daemon process killed with SIGKILL and started again under its id,
+// on a new port and a new gossip port: its peer sees it alive at the new
+// gossip address within 2 s of its start, and fetches what it holds.
+func TestKillAndRestartOnANewGossipPort(t *testing.T) {
+	e := startEtcdProcess(t)
+	common := []string{"--etcd-endpoints", e.client, "--lease-ttl", "2s", "--capacity", "64MiB"}
+	peer := startServe(t, append([]string{"--node-id", "regossip-peer"}, common...)...)
+	first := startServe(t, append([]string{"--node-id", "regossip-a"}, common...)...)
+	pc := dialPath(t, peer.addr, api.PathData)
+	a := admin.New(pc)
+	gossipOf := func(id string) (state, addr string) {
+		nodes, err := a.Nodes(context.Background())
+		if err != nil {
+			return "", ""
+		}
+		for _, n := range nodes.Nodes {
+			if n.ID == id {
+				return n.GossipState, n.Addrs["gossip"]
+			}
+		}
+		return "", ""
+	}
+	eventually.True(t, "the peer to see regossip-a alive", 10*time.Second, func() bool { s, _ := gossipOf("regossip-a"); return s == "alive" })
+	_, before := gossipOf("regossip-a")
+	kill9(first)
+	eventually.True(t, "the peer to see regossip-a dead", 10*time.Second, func() bool { s, _ := gossipOf("regossip-a"); return s == "dead" })
+	second := startServe(t, append([]string{"--node-id", "regossip-a"}, common...)...)
+	started := time.Now()
+	var after string
+	eventually.True(t, "the peer to see the restarted regossip-a alive at a new gossip address", 5*time.Second, func() bool {
+		s, addr := gossipOf("regossip-a")
+		after = addr
+		return s == "alive" && addr != before && addr != ""
+	})
+	alive := time.Since(started)
+	if alive > 2*time.Second {
+		t.Errorf("alive to its peer %v after its start; the bound is 2 s", alive.Round(time.Millisecond))
+	}
+	ac := dialPath(t, second.addr, api.PathData)
+	keys := chainKeys(t, 31, 3)
+	putChain(t, ac, keys)
+	eventually.True(t, "the peer to fetch the restarted node's blocks", 10*time.Second, func() bool {
+		res, err := pc.Fetch(context.Background(), "acme", "llama3-8b", keys, time.Second)
+		if err != nil {
+			return false
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("restarted regossip-a alive to its peer %v after its start, gossiping on %s (was %s); its blocks fetched %v after its start",
+		alive.Round(time.Millisecond), after, before, time.Since(started).Round(time.Millisecond))
 }

@@ -30,6 +30,13 @@ var (
 	ErrDataLoss = errors.New("kvpool: checksum mismatch")
 	// ErrInternal: a bug or an unexpected condition.
 	ErrInternal = errors.New("kvpool: internal error")
+	// ErrUnauthenticated: the node requires credentials and the caller
+	// presented none, or ones it does not accept (unknown, expired,
+	// revoked).
+	ErrUnauthenticated = errors.New("kvpool: unauthenticated")
+	// ErrPermissionDenied: the caller is known but may not do this: another
+	// tenant's blocks, or an admin call by a tenant.
+	ErrPermissionDenied = errors.New("kvpool: permission denied")
 )
 
 // codeTable is the single mapping between sentinel errors and gRPC codes.
@@ -45,6 +52,8 @@ var codeTable = []struct {
 	{ErrUnavailable, codes.Unavailable},
 	{ErrDataLoss, codes.DataLoss},
 	{ErrInternal, codes.Internal},
+	{ErrUnauthenticated, codes.Unauthenticated},
+	{ErrPermissionDenied, codes.PermissionDenied},
 	{context.Canceled, codes.Canceled},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 }

@@ -78,7 +78,8 @@ func TestPythonErrorTable(t *testing.T) {
 	sentinels := map[string]error{
 		"NotFound": api.ErrNotFound, "AlreadyExists": api.ErrAlreadyExists, "ResourceExhausted": api.ErrResourceExhausted,
 		"InvalidArgument": api.ErrInvalidArgument, "FailedPrecondition": api.ErrFailedPrecondition, "Unavailable": api.ErrUnavailable,
-		"DataLoss": api.ErrDataLoss, "Internal": api.ErrInternal, "Cancelled": context.Canceled, "DeadlineExceeded": context.DeadlineExceeded,
+		"DataLoss": api.ErrDataLoss, "Internal": api.ErrInternal, "Unauthenticated": api.ErrUnauthenticated, "PermissionDenied": api.ErrPermissionDenied,
+		"Cancelled": context.Canceled, "DeadlineExceeded": context.DeadlineExceeded,
 	}
 	if len(table) != len(sentinels) {
 		t.Fatalf("Python's table has %d rows, Go's %d", len(table), len(sentinels))

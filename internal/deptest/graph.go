@@ -11,6 +11,9 @@ var Graph = map[string]Rules{
 	// The operator's client and the chain hash: api's side, beside it.
 	"api/admin": {Forbidden: append(own("pool/...", "metadata/...", "transfer/...", "cmd/...", "test/..."), "go.etcd.io/...")},
 	"api/chain": {Forbidden: own("pool/...", "metadata/...", "transfer/...", "cmd/...", "test/...")},
+	// Identities, credentials and the access table: pure, shared by the
+	// node that enforces them and the clients that present them.
+	"api/auth": {Forbidden: clientSide},
 	// The wire protocol, the seqlock and the checksum stay small enough
 	// to read whole.
 	"api/wire":             {OnlyModules: []string{}},

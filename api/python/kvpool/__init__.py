@@ -17,8 +17,8 @@ wire (the data channel), daemon (runs kvpool daemons), model and engine
 from .chain import chain_keys
 from .client import Client, FetchResult, Holder, PutResult, Reservation, View
 from .errors import (AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
-                     KVPoolError, NotFound, ResourceExhausted, Unavailable)
+                     KVPoolError, NotFound, PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable)
 
 __all__ = ["Client", "View", "Reservation", "PutResult", "FetchResult", "Holder", "chain_keys", "KVPoolError", "NotFound",
            "AlreadyExists", "ResourceExhausted", "InvalidArgument", "FailedPrecondition", "Unavailable", "DataLoss",
-           "Internal", "Cancelled", "DeadlineExceeded"]
+           "Internal", "Unauthenticated", "PermissionDenied", "Cancelled", "DeadlineExceeded"]

@@ -73,6 +73,18 @@ class Internal(KVPoolError):
     code = 13
 
 
+class Unauthenticated(KVPoolError):
+    """kvpool: unauthenticated"""
+
+    code = 16
+
+
+class PermissionDenied(KVPoolError):
+    """kvpool: permission denied"""
+
+    code = 7
+
+
 class Cancelled(KVPoolError):
     """context canceled"""
 
@@ -96,6 +108,8 @@ CODES = [
     (Unavailable, 14),
     (DataLoss, 15),
     (Internal, 13),
+    (Unauthenticated, 16),
+    (PermissionDenied, 7),
     (Cancelled, 1),
     (DeadlineExceeded, 4),
 ]

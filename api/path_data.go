@@ -23,7 +23,9 @@ func newDataPath(cfg ClientConfig) *dataPath {
 		Dial: func(ctx context.Context, addr string) (*wire.Conn, error) {
 			ctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 			defer cancel()
-			c, err := wire.Dial(ctx, addr, wireConfig)
+			wc := wireConfig
+			wc.TLS, wc.Token = cfg.TLS, cfg.Token
+			c, err := wire.Dial(ctx, addr, wc)
 			if err != nil {
 				return nil, fmt.Errorf("%w: client: data channel to %s: %v", ErrUnavailable, addr, err)
 			}

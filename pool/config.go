@@ -26,6 +26,7 @@ type Config struct {
 
 	StoreConfig
 	ServerConfig
+	SecurityConfig
 	ClusterConfig
 	TransferConfig
 	PlanConfig
@@ -198,6 +199,7 @@ func TestConfig(nodeID string, capacityBytes int64) Config {
 func (c *Config) fillDefaults() {
 	c.StoreConfig = c.StoreConfig.WithDefaults()
 	c.ServerConfig.fill(c.NodeID)
+	c.SecurityConfig.fill()
 	c.ClusterConfig.fill()
 	c.TransferConfig.fill()
 	c.PlanConfig.fill()
@@ -308,6 +310,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.StoreConfig.Validate())
 	errs = append(errs, c.ServerConfig.validate()...)
+	errs = append(errs, c.SecurityConfig.validate(c.ListenAddr)...)
 	if c.Etcd != nil {
 		errs = append(errs, c.ClusterConfig.validate()...)
 	}

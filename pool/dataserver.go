@@ -11,9 +11,11 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/pool/store"
 )
@@ -57,6 +59,7 @@ type dataServer struct {
 	spinWait    time.Duration // see ServerConfig.SpinWait
 	noBench     bool          // see ServerConfig.NoBenchFrames
 	spinners    *spinners     // shared by every connection's reader
+	gate        *gatekeeper   // nil: every caller may do everything
 	// hello is what a same-host client receives first: the Hello and the
 	// descriptors of the segment and of the version words.
 	hello func() (*wire.Hello, []int)
@@ -87,10 +90,23 @@ type dataConn struct {
 type session struct {
 	pins map[uint64]int                // pin handle -> times held
 	res  map[uint64]*store.Reservation // open reservations by handle
+	// caller is who opened the session; callerErr, when set, is why the
+	// node does not accept its credentials: every frame is answered with
+	// it and the connection closes.
+	caller    auth.Identity
+	callerErr error
 }
 
 func newSession() *session {
 	return &session{pins: map[uint64]int{}, res: map[uint64]*store.Reservation{}}
+}
+
+// newCallerSession is a session for a caller identified (or not) at the
+// door.
+func newCallerSession(id auth.Identity, err error) *session {
+	s := newSession()
+	s.caller, s.callerErr = id, err
+	return s
 }
 
 // end releases everything the session holds.
@@ -109,6 +125,10 @@ func (s *session) end(st dataStore) {
 // serveShm greets a same-host client with the Hello and the segment's
 // descriptors, then serves its session.
 func (s *dataServer) serveShm(c *net.UnixConn) {
+	sess := newSession()
+	if s.gate != nil && !s.gate.open {
+		sess.caller, sess.callerErr = localCaller(c)
+	}
 	hello, fds := s.hello()
 	c.SetWriteDeadline(time.Now().Add(s.ioTimeout))
 	err := wire.SendHello(c, hello, fds...)
@@ -117,7 +137,30 @@ func (s *dataServer) serveShm(c *net.UnixConn) {
 		s.log.Warn("shm hello failed", "err", err)
 		return
 	}
-	s.serve(context.Background(), c, newSession())
+	s.serve(context.Background(), c, sess)
+}
+
+// localCaller identifies a same-host client on the shm socket by its
+// uid (SO_PEERCRED). A process of the node's own user could read the
+// node's memory anyway, and any client of the socket maps the whole
+// arena: it is trusted with everything (admin). Any other uid is refused.
+// The socket file is mode 0600 on a secured node, so the kernel refuses
+// other users first.
+func localCaller(c *net.UnixConn) (auth.Identity, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return auth.Identity{}, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil {
+		return auth.Identity{}, fmt.Errorf("%w: shm socket peer credentials: %v", api.ErrUnauthenticated, cerr)
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return auth.Identity{}, fmt.Errorf("%w: uid %d may not use this node's shared memory (only uid %d)", api.ErrPermissionDenied, cred.Uid, os.Getuid())
+	}
+	return auth.Identity{Role: auth.RoleAdmin, Name: fmt.Sprintf("local-uid-%d", cred.Uid)}, nil
 }
 
 // reservationSpin is how long a session with an open reservation polls for
@@ -164,7 +207,7 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 		if err := d.handle(); err != nil {
 			// The stream is out of step (bad trailer, short read, failed
 			// write): it cannot carry another frame.
-			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) {
+			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errRefused) {
 				s.log.Warn("closing data connection", "remote", remote(c), "op", d.req.Op.String(), "err", err)
 			}
 			return
@@ -179,9 +222,41 @@ func remote(c net.Conn) string {
 	return "unix"
 }
 
+// errRefused ends a data connection whose caller may not do what it
+// asked; the client was told why.
+var errRefused = errors.New("pool: request refused")
+
+// authorize checks d.req against the access table, before any of its
+// work (or any byte of its value) is done.
+func (d *dataConn) authorize() error {
+	if d.sess.callerErr != nil {
+		return d.sess.callerErr
+	}
+	if d.s.gate == nil {
+		return nil
+	}
+	r := &d.req
+	switch r.Op {
+	case wire.OpGet, wire.OpView:
+		return d.s.gate.check(d.sess.caller, auth.OpRead, string(r.Tenant))
+	case wire.OpPut, wire.OpReserve, wire.OpRemove:
+		return d.s.gate.check(d.sess.caller, auth.OpWrite, string(r.Tenant))
+	case wire.OpSource, wire.OpSink:
+		return d.s.gate.check(d.sess.caller, auth.OpInfo, "")
+	}
+	// Release, Commit and Abort act on what this session pinned or
+	// reserved, which was checked then.
+	return nil
+}
+
 // handle serves d.req. A returned error means the connection must close.
 func (d *dataConn) handle() error {
 	r, st := &d.req, d.s.store
+	if err := d.authorize(); err != nil {
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		d.respondClose(err)
+		return errRefused
+	}
 	switch r.Op {
 	case wire.OpGet:
 		return d.get()

@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,13 +73,14 @@ type fetcher struct {
 
 // newPeerPool keeps data-channel connections to peers: the control plane
 // of transfers.
-func newPeerPool() *wire.Pool {
-	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) { return wire.Dial(ctx, addr, peerWire) }}
+// creds are how this node identifies itself to its peers (see
+// gatekeeper.peerCredentials).
+func newPeerPool(tlsConfig *tls.Config, token string) *wire.Pool {
+	// Status makes a peer's refusals arrive as the same sentinel errors as
+	// everywhere else (the one table).
+	cfg := wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsConfig, Token: token}
+	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) { return wire.Dial(ctx, addr, cfg) }}
 }
-
-// peerWire makes a peer's refusals arrive as the same sentinel errors as
-// everywhere else (the one table).
-var peerWire = wire.ConnConfig{Status: api.FromWireStatus}
 
 // Fetch makes the blocks under keys local. Each missing key is pulled from
 // the live holder with the best measured link: the holder pins it (its

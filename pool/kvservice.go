@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer/cost"
@@ -343,8 +344,12 @@ func (s *kvService) Remove(_ context.Context, req *kvpoolv1.RemoveRequest) (*kvp
 	return &kvpoolv1.RemoveResponse{}, nil
 }
 
-func (s *kvService) Stats(context.Context, *kvpoolv1.StatsRequest) (*kvpoolv1.StatsResponse, error) {
+// A tenant sees the node's totals and only its own namespaces and tenant
+// row; every other caller sees every tenant's.
+func (s *kvService) Stats(ctx context.Context, _ *kvpoolv1.StatsRequest) (*kvpoolv1.StatsResponse, error) {
 	st := s.store.Stats()
+	caller := callerOf(ctx)
+	mine := func(tenant string) bool { return caller.Role != auth.RoleTenant || tenant == caller.Tenant }
 	out := &kvpoolv1.StatsResponse{
 		NodeId:                s.info.GetNodeId(),
 		CapacityBytes:         st.CapacityBytes,
@@ -359,19 +364,24 @@ func (s *kvService) Stats(context.Context, *kvpoolv1.StatsRequest) (*kvpoolv1.St
 		ExternalFragmentation: st.ExternalFragmentation,
 		InternalFragmentation: st.InternalFragmentation,
 		MemoryLocked:          s.memoryLocked,
-		Tenants:               tenantStatsProto(s.store.TenantStats()),
+		Tenants:               tenantStatsProto(s.store.TenantStats(), mine),
 		LeasedBlocks:          uint64(s.store.LeasedBlocks(s.now())),
 		Pins:                  st.Pins,
 	}
 	for _, ns := range st.Namespaces {
-		out.Namespaces = append(out.Namespaces, &kvpoolv1.NamespaceStats{Tenant: ns.Tenant, Namespace: ns.Namespace, Blocks: ns.Blocks, StoredBytes: ns.StoredBytes})
+		if mine(ns.Tenant) {
+			out.Namespaces = append(out.Namespaces, &kvpoolv1.NamespaceStats{Tenant: ns.Tenant, Namespace: ns.Namespace, Blocks: ns.Blocks, StoredBytes: ns.StoredBytes})
+		}
 	}
 	return out, nil
 }
 
-func tenantStatsProto(ts []store.TenantStats) []*kvpoolv1.TenantStats {
+func tenantStatsProto(ts []store.TenantStats, keep func(tenant string) bool) []*kvpoolv1.TenantStats {
 	var out []*kvpoolv1.TenantStats
 	for _, t := range ts {
+		if !keep(t.Tenant) {
+			continue
+		}
 		p := &kvpoolv1.TenantStats{
 			Tenant: t.Tenant, Policy: t.Config.Policy.String(), QuotaBytes: t.Config.QuotaBytes,
 			StoredBytes: uint64(t.StoredBytes), Blocks: uint64(t.Blocks), Hits: t.Hits, Misses: t.Misses,

@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,8 @@ type doors struct {
 	xfer *net.UnixListener // the shm transport's socket; nil with DisableShm
 	http net.Listener      // nil without MetricsAddr
 
+	// tls, when set, terminates TLS on the TCP port (SecurityConfig).
+	tls *tls.Config
 	// handshakeTimeout bounds how long a new connection may take to send
 	// its first bytes (see ServerConfig.HandshakeTimeout).
 	handshakeTimeout time.Duration
@@ -96,7 +99,7 @@ func listenUnix(path string) (*net.UnixListener, error) {
 //
 // NB: the gRPC listener is closed by the gRPC server when it stops, not
 // here, so that Serve returns nil rather than a listener error.
-func (d *doors) acceptTCP(ctx context.Context, data func(net.Conn), xfer func(context.Context, net.Conn) error) error {
+func (d *doors) acceptTCP(ctx context.Context, data func(c net.Conn, token string), xfer func(ctx context.Context, c net.Conn, token string) error) error {
 	return d.accept(ctx, doorTCP, d.tcp.Accept, func(c net.Conn, release func()) {
 		d.serve(c, release, func() bool { return d.sniff(ctx, c, release, data, xfer) })
 	})
@@ -193,7 +196,11 @@ func (d *doors) serve(c net.Conn, release func(), f func() (handedOff bool)) {
 
 // sniff reads the first bytes of c and serves it with the right server;
 // it reports whether it handed c to gRPC, which then owns it.
-func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func(net.Conn), xfer func(context.Context, net.Conn) error) (handedOff bool) {
+//
+// A TLS ClientHello (when the node has a certificate) starts a handshake,
+// within the handshake timeout, and the connection inside is sorted the
+// same way.
+func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func(c net.Conn, token string), xfer func(ctx context.Context, c net.Conn, token string) error) (handedOff bool) {
 	var first [len(wire.Preamble)]byte
 	// A connection that says nothing is closed fast: until it has sent
 	// its first bytes it is only a descriptor held.
@@ -202,19 +209,32 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 	if err != nil {
 		return false
 	}
+	if d.tls != nil && isTLSClientHello(first[:k]) && tlsConnOf(c) == nil {
+		tc := tls.Server(&prefixConn{Conn: c, prefix: append([]byte(nil), first[:k]...)}, d.tls)
+		hctx, cancel := context.WithTimeout(ctx, d.handshakeTimeout)
+		defer cancel()
+		c.SetDeadline(time.Now().Add(d.handshakeTimeout))
+		if err := tc.HandshakeContext(hctx); err != nil {
+			d.log.Warn("TLS handshake failed", "remote", remote(c), "err", err)
+			return false
+		}
+		c.SetDeadline(time.Time{})
+		return d.sniff(ctx, tc, release, data, xfer)
+	}
 	switch {
 	case bytes.Equal(first[:4], wire.Preamble[:4]):
-		if _, err := io.ReadFull(c, first[4:]); err != nil || first != wire.Preamble {
-			d.log.Warn("data connection with a bad preamble", "remote", remote(c))
+		token, err := readPreamble(c, &first, wire.Preamble)
+		if err != nil {
+			d.log.Warn("data connection with a bad preamble", "remote", remote(c), "err", err)
 			return false
 		}
 		setNoDelay(c)
-		data(c)
+		data(c, token)
 	case bytes.Equal(first[:4], transfer.TCPPreamble[:4]):
-		if _, err := io.ReadFull(c, first[4:]); err == nil && first == transfer.TCPPreamble {
+		if token, err := readPreamble(c, &first, transfer.TCPPreamble); err == nil {
 			c.SetReadDeadline(time.Time{})
 			setNoDelay(c)
-			xfer(ctx, c)
+			xfer(ctx, c, token)
 		}
 	default:
 		// Not ours: gRPC owns it from here, replaying the bytes we read.
@@ -224,9 +244,32 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 	return false
 }
 
+// readPreamble reads the rest of a preamble whose first 4 bytes are in
+// first, checks it against want (version included) and reads the token
+// its flags announce.
+func readPreamble(c net.Conn, first *[8]byte, want [8]byte) (token string, err error) {
+	if _, err := io.ReadFull(c, first[4:]); err != nil {
+		return "", err
+	}
+	if first[4] != want[4] {
+		return "", fmt.Errorf("preamble version %d, want %d", first[4], want[4])
+	}
+	return wire.ReadPreambleToken(c, *first)
+}
+
 func setNoDelay(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
+	if tc := tlsConnOf(c); tc != nil {
+		c = tc.NetConn()
+	}
+	for {
+		switch v := c.(type) {
+		case *prefixConn:
+			c = v.Conn
+			continue
+		case *net.TCPConn:
+			v.SetNoDelay(true)
+		}
+		return
 	}
 }
 
@@ -367,7 +410,9 @@ type prefixConn struct {
 
 func (c *prefixConn) Close() error {
 	err := c.Conn.Close()
-	c.closed.Do(c.release)
+	if c.release != nil {
+		c.closed.Do(c.release)
+	}
 	return err
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/pool/store"
@@ -62,6 +64,7 @@ type Node struct {
 	data    *dataServer
 
 	doors   doors
+	gate    *gatekeeper // who may pass the doors
 	grpcSrv *grpc.Server
 	health  *health.Server
 
@@ -101,12 +104,25 @@ func New(cfg Config) (*Node, error) {
 		words = n.versions.words()[:pages]
 	}
 	n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
+	if n.gate, err = newGatekeeper(&cfg.SecurityConfig, cfg.Now, n.log); err != nil {
+		return nil, errors.Join(err, n.Close())
+	}
+	n.doors.tls = n.gate.tls
 	n.doors.handshakeTimeout, n.doors.log = cfg.HandshakeTimeout, n.log
 	n.doors.acceptFailed = func(door string) { n.metrics.acceptErrors.WithLabelValues(door).Inc() }
 	n.doors.limits = connLimits{perDoor: cfg.MaxConnsPerDoor, perRemote: cfg.MaxConnsPerRemote,
 		refused: func(door, reason string) { n.metrics.refusedConns.WithLabelValues(door, reason).Inc() }}
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
+	}
+	if !n.gate.open && !cfg.DisableShm {
+		// Only the node's own user may connect to its sockets; the
+		// session then checks the peer's uid as well (localCaller).
+		for _, p := range []string{cfg.ShmSocket, cfg.transferSocket()} {
+			if err := os.Chmod(p, 0o600); err != nil {
+				return nil, errors.Join(fmt.Errorf("pool: restrict %s: %w", p, err), n.Close())
+			}
+		}
 	}
 	if n.metrics, err = newMetrics(cfg.Registerer, n.store, &n.doors.limits); err != nil {
 		return nil, errors.Join(err, n.Close())
@@ -115,8 +131,10 @@ func New(cfg Config) (*Node, error) {
 
 	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
-	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log})
-	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{})
+	peerTLS := n.gate.peerTLS()
+	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
+		TLS: peerTLS, Token: n.gate.peerToken})
+	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{TLS: peerTLS, Token: n.gate.peerToken})
 	n.tcpT.Register(arenaRegion, seg.mem)
 	n.grpcT.Register(arenaRegion, seg.mem)
 	var pull, shmPull transfer.Transport = n.tcpT, nil
@@ -161,7 +179,7 @@ func New(cfg Config) (*Node, error) {
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.store, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
-		peers: newPeerPool(), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
+		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now}
@@ -169,11 +187,15 @@ func New(cfg Config) (*Node, error) {
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
 		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: newSpinners(), hello: n.hello,
+		gate: n.gate,
 	}
 
 	// The gRPC server: the services, each mapping its errors to codes
 	// once, in the interceptors (metrics.go).
 	n.grpcSrv = grpc.NewServer(append(transfer.ServerOptions(),
+		// TLS, when configured, is terminated by the door loop (sniff);
+		// preTLS hands its state to the gatekeeper's interceptors.
+		grpc.Creds(preTLS{}),
 		grpc.MaxRecvMsgSize(MaxBatchBytes+1<<20),
 		grpc.MaxSendMsgSize(MaxBatchBytes+1<<20),
 		// The HTTP/2 handshake has the handshake timeout; a connection
@@ -182,8 +204,10 @@ func New(cfg Config) (*Node, error) {
 		// not answer within another (a half-sent frame never completes).
 		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout, Time: cfg.IOTimeout, Timeout: cfg.IOTimeout}),
-		grpc.ChainUnaryInterceptor(n.metrics.unaryInterceptor),
-		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor),
+		// Metrics first, so refused calls are counted with their code;
+		// then the gatekeeper, before any handler runs.
+		grpc.ChainUnaryInterceptor(n.metrics.unaryInterceptor, n.gate.unaryInterceptor),
+		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor, n.gate.streamInterceptor),
 	)...)
 	n.grpcT.RegisterServer(n.grpcSrv)
 	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, &kvService{
@@ -294,8 +318,20 @@ func (n *Node) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go("accept loop", func() error {
-		return n.doors.acceptTCP(ctx, func(c net.Conn) { n.data.serve(ctx, c, newSession()) }, func(ctx context.Context, c net.Conn) error {
-			err := n.tcpT.ServeConn(ctx, c)
+		return n.doors.acceptTCP(ctx, func(c net.Conn, token string) {
+			id, err := n.gate.identify(tlsStateOf(c), token)
+			n.data.serve(ctx, c, newCallerSession(id, err))
+		}, func(ctx context.Context, c net.Conn, token string) error {
+			// Only nodes may pass, and before any byte of the arena moves.
+			id, err := n.gate.identify(tlsStateOf(c), token)
+			if err == nil {
+				err = n.gate.check(id, auth.OpTransfer, "")
+			}
+			if err != nil {
+				n.log.Warn("transfer connection refused", "remote", remote(c), "err", err)
+				return err
+			}
+			err = n.tcpT.ServeConn(ctx, c)
 			if err != nil {
 				n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
 			}
@@ -307,12 +343,19 @@ func (n *Node) Run(ctx context.Context) error {
 		g.Go("shm transfer accept loop", func() error { return n.doors.acceptShmTransfer(ctx, n.shmT.ServeAccepted) })
 	}
 	g.Go("reservation sweeper", func() error { n.sweep(ctx); return nil })
+	g.Go("token reloader", func() error { n.gate.watchTokens(ctx); return nil })
 	if n.cluster != nil {
 		n.cluster.run(ctx, &g)
 	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(kvpoolv1.KVPoolService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	close(n.ready)
+	switch {
+	case n.gate.open && n.cfg.Insecure && !isLoopback(n.cfg.ListenAddr):
+		n.log.Warn("running open to the network (--insecure): no client CA or token file, so every caller may do everything", "listen", n.cfg.ListenAddr)
+	case n.gate.open:
+		n.log.Info("running open on loopback: no client CA or token file, so every local caller may do everything")
+	}
 	n.log.Info("serving", "addr", n.Addr().String(), "shm_socket", n.ShmSocket(), "capacity_bytes", n.cfg.CapacityBytes,
 		"page_bytes", n.cfg.PageBytes, "memory_locked", n.seg.locked)
 

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
 )
 
 // TCPPreamble opens a transfer connection; a node's listener routes
@@ -41,6 +43,12 @@ type TCPConfig struct {
 	// dial or broke (once per connection, never per slice). Default:
 	// discard.
 	Logger *slog.Logger
+	// TLS, when set, runs each connection to a peer through TLS (with
+	// this node's certificate, which identifies it as a node).
+	TLS *tls.Config
+	// Token, when set, is sent in each connection's preamble: this node's
+	// bearer token, for peers that identify nodes by token.
+	Token string
 }
 
 // TCP is the framed TCP transport. Requests name (region, offset,
@@ -329,17 +337,9 @@ func (c *tcpConn) fail(err error) {
 }
 
 func (c *tcpConn) run() {
-	d := net.Dialer{Timeout: c.t.cfg.DialTimeout}
-	nc, err := d.Dial("tcp", c.addr)
-	if err == nil {
-		if tc, ok := nc.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-		}
-		_, err = nc.Write(TCPPreamble[:])
-		if err != nil {
-			nc.Close()
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.t.cfg.DialTimeout)
+	nc, err := wire.DialPreamble(ctx, c.addr, TCPPreamble, c.t.cfg.TLS, c.t.cfg.Token)
+	cancel()
 	if err != nil {
 		close(c.ready)
 		c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))

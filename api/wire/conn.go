@@ -3,6 +3,7 @@ package wire
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -57,6 +58,13 @@ type ConnConfig struct {
 	// errors arrive as the same sentinel errors on every path. Default: a
 	// *StatusError.
 	Status func(code uint8, msg string) error
+	// TLS, when set, makes Dial run TLS over the connection first (the
+	// node tells it from plaintext by its first byte). Its ServerName
+	// defaults to the host Dial is given.
+	TLS *tls.Config
+	// Token, when set, is sent in the preamble: the bearer token that
+	// identifies the caller to a node that requires credentials.
+	Token string
 }
 
 // NewConn wraps nc, which is past any preamble.
@@ -70,8 +78,20 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	return &Conn{nc: nc, br: bufio.NewReaderSize(nc, cfg.ReadBufferBytes), out: make([]byte, 0, RequestBufferBytes+TrailerBytes), status: cfg.Status}
 }
 
-// Dial opens a TCP data connection to addr and sends the Preamble.
+// Dial opens a TCP data connection to addr (through TLS with cfg.TLS) and
+// sends the Preamble, with cfg.Token.
 func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
+	nc, err := DialPreamble(ctx, addr, Preamble, cfg.TLS, cfg.Token)
+	if err != nil {
+		return nil, err
+	}
+	return NewConn(nc, cfg), nil
+}
+
+// DialPreamble opens a TCP connection to addr, runs TLS over it when
+// tlsConfig is set, and sends preamble with token: how a data connection
+// or a transfer connection (another preamble) starts.
+func DialPreamble(ctx context.Context, addr string, preamble [8]byte, tlsConfig *tls.Config, token string) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -81,14 +101,27 @@ func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
 		tc.SetNoDelay(true)
 	}
 	if dl, ok := ctx.Deadline(); ok {
-		nc.SetWriteDeadline(dl)
+		nc.SetDeadline(dl)
 	}
-	if _, err := nc.Write(Preamble[:]); err != nil {
+	if tlsConfig != nil {
+		cfg := tlsConfig
+		if cfg.ServerName == "" {
+			cfg = cfg.Clone()
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("wire: TLS with %s: %w", addr, err)
+		}
+		nc = tc
+	}
+	if _, err := nc.Write(AppendPreamble(nil, preamble, token)); err != nil {
 		nc.Close()
 		return nil, err
 	}
-	nc.SetWriteDeadline(time.Time{})
-	return NewConn(nc, cfg), nil
+	nc.SetDeadline(time.Time{})
+	return nc, nil
 }
 
 // NetConn is the underlying connection.

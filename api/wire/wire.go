@@ -49,6 +49,45 @@ import (
 // Preamble opens a TCP data connection.
 var Preamble = [8]byte{'K', 'V', 'P', 'D', Version, 0, 0, 0}
 
+// PreambleFlagToken, in byte 5 of a preamble (the data channel's and the
+// tcp transport's), says a bearer token follows it: its length as a
+// little-endian uint16 in bytes 6 and 7, then that many bytes.
+const PreambleFlagToken = 1
+
+// MaxTokenBytes bounds a token in a preamble.
+const MaxTokenBytes = 1024
+
+// AppendPreamble appends preamble, with token after it when not empty.
+func AppendPreamble(b []byte, preamble [8]byte, token string) []byte {
+	if token == "" {
+		return append(b, preamble[:]...)
+	}
+	preamble[5] = PreambleFlagToken
+	binary.LittleEndian.PutUint16(preamble[6:], uint16(len(token)))
+	return append(append(b, preamble[:]...), token...)
+}
+
+// ReadPreambleToken reads what follows a preamble whose first five bytes
+// matched: nothing, or the token its flags announce. Any other flag, or a
+// token longer than MaxTokenBytes, is ErrProtocol.
+func ReadPreambleToken(r io.Reader, preamble [8]byte) (string, error) {
+	switch {
+	case preamble[5] == 0 && preamble[6] == 0 && preamble[7] == 0:
+		return "", nil
+	case preamble[5] != PreambleFlagToken:
+		return "", fmt.Errorf("%w: preamble flags %#x", ErrProtocol, preamble[5])
+	}
+	n := int(binary.LittleEndian.Uint16(preamble[6:]))
+	if n == 0 || n > MaxTokenBytes {
+		return "", fmt.Errorf("%w: preamble token of %d bytes (1 to %d)", ErrProtocol, n, MaxTokenBytes)
+	}
+	tok := make([]byte, n)
+	if _, err := io.ReadFull(r, tok); err != nil {
+		return "", err
+	}
+	return string(tok), nil
+}
+
 // Version is the protocol version in the preamble and the Hello.
 const Version = 1
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -28,6 +30,63 @@ type clientFlags struct {
 	asJSON    bool
 	path      string
 	timeout   time.Duration
+	creds     credFlags
+}
+
+// credFlags are how a client proves who it is to a node that requires
+// credentials: a client certificate (--tls-cert, --tls-key) over TLS
+// verified with --tls-ca, or a bearer token (--token-file, or
+// $KVPOOL_TOKEN).
+type credFlags struct {
+	ca, cert, key string
+	tokenFile     string
+}
+
+func (f *credFlags) register(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVar(&f.ca, "tls-ca", "", "PEM file of the CA that signed the node's certificate: talk TLS")
+	fl.StringVar(&f.cert, "tls-cert", "", "PEM client certificate naming a tenant, node or admin (with --tls-key and --tls-ca)")
+	fl.StringVar(&f.key, "tls-key", "", "PEM key of --tls-cert")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding a bearer token (default: $KVPOOL_TOKEN)")
+}
+
+// apply puts the credentials into cfg: TLS with --tls-ca, a client
+// certificate with --tls-cert and --tls-key, a token from --token-file or
+// $KVPOOL_TOKEN.
+func (f *credFlags) apply(cfg *api.ClientConfig) error {
+	if (f.cert == "") != (f.key == "") {
+		return usagef("--tls-cert and --tls-key go together")
+	}
+	if f.cert != "" && f.ca == "" {
+		return usagef("--tls-cert needs --tls-ca: a client certificate is sent over TLS")
+	}
+	if f.ca != "" {
+		pem, err := os.ReadFile(f.ca)
+		if err != nil {
+			return usage(err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return usagef("--tls-ca %s holds no PEM certificate", f.ca)
+		}
+		cfg.TLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		if f.cert != "" {
+			pair, err := tls.LoadX509KeyPair(f.cert, f.key)
+			if err != nil {
+				return usage(err)
+			}
+			cfg.TLS.Certificates = []tls.Certificate{pair}
+		}
+	}
+	cfg.Token = os.Getenv("KVPOOL_TOKEN")
+	if f.tokenFile != "" {
+		b, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return usage(err)
+		}
+		cfg.Token = strings.TrimSpace(string(b))
+	}
+	return nil
 }
 
 // register adds the flags; with names, also --tenant, --namespace and
@@ -41,6 +100,7 @@ func (f *clientFlags) register(c *cobra.Command, names bool, timeout time.Durati
 	fl.BoolVar(&f.asJSON, "json", false, "print machine-readable JSON")
 	fl.StringVar(&f.path, "path", "auto", "how bytes move: auto, shm, data or grpc")
 	fl.DurationVar(&f.timeout, "timeout", timeout, "give up after this long")
+	f.creds.register(c)
 }
 
 // registerNames adds --tenant, --namespace and --hex.
@@ -117,7 +177,11 @@ func (f *clientFlags) withClient(cmd *cobra.Command, fn func(ctx context.Context
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 	defer cancel()
-	c, err := api.Dial(ctx, api.ClientConfig{Server: f.server, Path: p})
+	cfg := api.ClientConfig{Server: f.server, Path: p}
+	if err := f.creds.apply(&cfg); err != nil {
+		return err
+	}
+	c, err := api.Dial(ctx, cfg)
 	if err != nil {
 		return err
 	}

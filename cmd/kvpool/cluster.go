@@ -20,6 +20,7 @@ func adminFlags(c *cobra.Command, f *clientFlags) {
 	c.Flags().StringVar(&f.server, "server", "127.0.0.1:7070", "daemon address (host:port)")
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print machine-readable JSON")
 	c.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
+	f.creds.register(c)
 	f.path = "grpc"
 }
 

@@ -44,7 +44,7 @@ override the file. Every problem with the settings is reported at once, and
 exits 2. SIGINT or SIGTERM stops the node gracefully.`,
 		Example: `  kvpool node serve --capacity 8GiB --node-id gpu-node-1
   kvpool node serve --capacity 8GiB --node-id gpu-node-2 --listen 127.0.0.1:7071 --metrics-listen "" --etcd-endpoints http://127.0.0.1:2379
-  kvpool node serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory
+  kvpool node serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory --tls-cert node.pem --tls-key node-key.pem --client-ca ca.pem
   kvpool node serve --config /etc/kvpool/node.yaml`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

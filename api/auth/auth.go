@@ -28,8 +28,8 @@ const (
 	// RoleNode is a peer daemon: transfers and replication between nodes,
 	// and what a node asks of another on a tenant's behalf (Fetch, Route).
 	RoleNode
-	// RoleAdmin may do everything: policies, admin RPCs, every tenant's
-	// blocks and stats.
+	// RoleAdmin may do everything but move raw arena bytes: policies,
+	// admin RPCs, every tenant's blocks and stats.
 	RoleAdmin
 )
 
@@ -130,7 +130,10 @@ func Authorize(id Identity, op Op, tenant string, open bool) error {
 	}
 	switch id.Role {
 	case RoleAdmin:
-		return nil
+		// Everything but raw arena bytes: those move between nodes only.
+		if op != OpTransfer {
+			return nil
+		}
 	case RoleAnonymous:
 		return errNoCredentials
 	case RoleNode:

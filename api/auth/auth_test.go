@@ -40,6 +40,9 @@ func TestAuthorize(t *testing.T) {
 	}
 	for _, op := range Ops() {
 		want[admin][op] = [2]string{"ok", "ok"}
+		if op == OpTransfer {
+			want[admin][op] = [2]string{"denied", "denied"}
+		}
 		want[anon][op] = [2]string{"unauthenticated", "unauthenticated"}
 	}
 	outcome := func(err error) string {

@@ -1,0 +1,547 @@
+package test
+
+import (
+	"context"
+	"encoding/binary"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/transfer"
+)
+
+// pki is a test cluster's certificates and tokens, made with the CLI
+// (kvpool auth certs, kvpool auth token) as an operator would.
+type pki struct {
+	dir    string
+	roots  *x509.CertPool
+	tokens string // the node's token file
+	bearer map[string]string
+}
+
+func makePKI(t *testing.T, nodes ...string) *pki {
+	t.Helper()
+	p := &pki{dir: t.TempDir(), bearer: map[string]string{}}
+	mustOK(t, kv(t, nil, "auth", "certs", "--dir", p.dir, "--node", strings.Join(nodes, ","), "--tenant", "acme,globex", "--admin", "ops"))
+	pem, err := os.ReadFile(filepath.Join(p.dir, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.roots = x509.NewCertPool()
+	p.roots.AppendCertsFromPEM(pem)
+	p.tokens = filepath.Join(p.dir, "tokens")
+	for _, g := range [][]string{{"acme-token", "--tenant", "acme"}, {"globex-token", "--tenant", "globex"}, {"ops-token", "--admin"}, {"peer-token", "--node", nodes[0]}} {
+		r := mustOK(t, kv(t, nil, append([]string{"auth", "token", "--name", g[0], "--file", p.tokens}, g[1:]...)...))
+		p.bearer[g[0]] = strings.TrimSpace(r.stdout)
+	}
+	return p
+}
+
+func (p *pki) file(name string) string { return filepath.Join(p.dir, name) }
+
+// serveArgs are the flags of a node secured with p.
+func (p *pki) serveArgs(node string) []string {
+	return []string{"--tls-cert", p.file("node-" + node + ".pem"), "--tls-key", p.file("node-" + node + "-key.pem"),
+		"--client-ca", p.file("ca.pem"), "--token-file", p.tokens}
+}
+
+// clientTLS is TLS to a node of p, with the named client certificate
+// ("" for none).
+func (p *pki) clientTLS(t *testing.T, cert string) *tls.Config {
+	cfg := &tls.Config{RootCAs: p.roots, MinVersion: tls.VersionTLS12}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(p.file(cert+".pem"), p.file(cert+"-key.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg
+}
+
+// caller is one row of the access table.
+type caller struct {
+	name  string
+	tls   *tls.Config // nil: plaintext
+	token string
+}
+
+type bearerCreds string
+
+func (b bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearerCreds) RequireTransportSecurity() bool { return false }
+
+func (c caller) grpcConn(t *testing.T, addr string) *grpc.ClientConn {
+	creds := insecure.NewCredentials()
+	if c.tls != nil {
+		creds = credentials.NewTLS(c.tls)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if c.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerCreds(c.token)))
+	}
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// outcome names what the door did: "ok" (the call reached its handler,
+// whatever that answered), "denied" or "unauth".
+func outcome(err error) string {
+	switch code := status.Code(err); {
+	case code == codes.Unauthenticated || errors.Is(err, api.ErrUnauthenticated):
+		return "unauth"
+	case code == codes.PermissionDenied || errors.Is(err, api.ErrPermissionDenied):
+		return "denied"
+	}
+	return "ok"
+}
+
+// grpcCalls are one call of every gRPC method, on tenant acme's blocks.
+func grpcCalls() map[string]func(ctx context.Context, cc *grpc.ClientConn) error {
+	acme := &kvpoolv1.BlockKey{Tenant: "acme", Namespace: "n", Key: []byte("probe")}
+	keys := [][]byte{[]byte("probe")}
+	kv := func(cc *grpc.ClientConn) kvpoolv1.KVPoolServiceClient { return kvpoolv1.NewKVPoolServiceClient(cc) }
+	adm := func(cc *grpc.ClientConn) kvpoolv1.AdminServiceClient { return kvpoolv1.NewAdminServiceClient(cc) }
+	unary := func(err error) error { return err }
+	return map[string]func(ctx context.Context, cc *grpc.ClientConn) error{
+		"Put": func(ctx context.Context, cc *grpc.ClientConn) error {
+			s, err := kv(cc).Put(ctx)
+			if err != nil {
+				return err
+			}
+			s.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Header{Header: &kvpoolv1.PutHeader{Key: acme, SizeBytes: 1}}})
+			s.Send(&kvpoolv1.PutRequest{Msg: &kvpoolv1.PutRequest_Chunk{Chunk: []byte("x")}})
+			_, err = s.CloseAndRecv()
+			return err
+		},
+		"Get": func(ctx context.Context, cc *grpc.ClientConn) error {
+			s, err := kv(cc).Get(ctx, &kvpoolv1.GetRequest{Key: acme})
+			if err != nil {
+				return err
+			}
+			_, err = s.Recv()
+			return err
+		},
+		"BatchPut": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).BatchPut(ctx, &kvpoolv1.BatchPutRequest{Items: []*kvpoolv1.BatchPutItem{{Key: acme, Value: []byte("x")}}})
+			return unary(err)
+		},
+		"BatchGet": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).BatchGet(ctx, &kvpoolv1.BatchGetRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"Exists": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Exists(ctx, &kvpoolv1.ExistsRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"Locate": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Locate(ctx, &kvpoolv1.LocateRequest{Tenant: "acme", Namespace: "n", Keys: keys, Lease: true})
+			return err
+		},
+		"Remove": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Remove(ctx, &kvpoolv1.RemoveRequest{Key: &kvpoolv1.BlockKey{Tenant: "acme", Namespace: "n", Key: []byte("absent")}})
+			return err
+		},
+		"Stats": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Stats(ctx, &kvpoolv1.StatsRequest{})
+			return err
+		},
+		"Info": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Info(ctx, &kvpoolv1.InfoRequest{})
+			return err
+		},
+		"ReportLoad": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).ReportLoad(ctx, &kvpoolv1.ReportLoadRequest{})
+			return err
+		},
+		"Fetch": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"Route": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Route(ctx, &kvpoolv1.RouteRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"Estimate": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Estimate(ctx, &kvpoolv1.EstimateRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"Plan": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := kv(cc).Plan(ctx, &kvpoolv1.PlanRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"admin.ListNodes": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ListNodes(ctx, &kvpoolv1.ListNodesRequest{})
+			return err
+		},
+		"admin.ClusterLocate": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ClusterLocate(ctx, &kvpoolv1.ClusterLocateRequest{Tenant: "acme", Namespace: "n", Keys: keys})
+			return err
+		},
+		"admin.ListBlocks": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ListBlocks(ctx, &kvpoolv1.ListBlocksRequest{})
+			return err
+		},
+		"admin.ClusterStats": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ClusterStats(ctx, &kvpoolv1.ClusterStatsRequest{})
+			return err
+		},
+		"admin.ListLinks": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ListLinks(ctx, &kvpoolv1.ListLinksRequest{})
+			return err
+		},
+		"admin.GetPolicy": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).GetPolicy(ctx, &kvpoolv1.GetPolicyRequest{Tenant: "acme"})
+			return err
+		},
+		"admin.ListPolicies": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).ListPolicies(ctx, &kvpoolv1.ListPoliciesRequest{})
+			return err
+		},
+		"admin.SetPolicy": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).SetPolicy(ctx, &kvpoolv1.SetPolicyRequest{Policy: &kvpoolv1.TenantPolicy{Tenant: "acme", Policy: "lru"}})
+			return err
+		},
+		"admin.DeletePolicy": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).DeletePolicy(ctx, &kvpoolv1.DeletePolicyRequest{Tenant: "absent"})
+			return err
+		},
+		"transfer.Read": func(ctx context.Context, cc *grpc.ClientConn) error {
+			s, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/kvpool.transfer.v1.Transfer/Read")
+			if err != nil {
+				return err
+			}
+			s.SendMsg(&emptypb.Empty{})
+			s.CloseSend()
+			return s.RecvMsg(&emptypb.Empty{})
+		},
+		"health.Check": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+			return err
+		},
+	}
+}
+
+// dataFrames are one request of every data-channel frame type a client
+// may send first, on tenant acme's blocks.
+func dataFrames() map[string]func(ctx context.Context, c *wire.Conn) error {
+	key := func(op wire.Op) *wire.Request {
+		return &wire.Request{Op: op, Tenant: []byte("acme"), Namespace: []byte("n"), Key: []byte("absent")}
+	}
+	return map[string]func(ctx context.Context, c *wire.Conn) error{
+		"data.Get":    func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpGet)); return err },
+		"data.View":   func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpView)); return err },
+		"data.Remove": func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpRemove)); return err },
+		"data.Reserve": func(ctx context.Context, c *wire.Conn) error {
+			r := key(wire.OpReserve)
+			r.ValueLen = 1
+			resp, err := c.RoundTrip(ctx, r)
+			if err == nil {
+				c.Notify(&wire.Request{Op: wire.OpAbort, Handle: resp.Handle}, time.Second)
+			}
+			return err
+		},
+		"data.Put": func(ctx context.Context, c *wire.Conn) error {
+			r := key(wire.OpPut)
+			r.ValueLen, r.Flags = 1, wire.FlagChecksum
+			c.Queue(r)
+			if err := c.Flush([]byte("x")); err != nil {
+				return err
+			}
+			c.QueueTrailer(api.Checksum([]byte("x")))
+			if err := c.Flush(nil); err != nil {
+				return err
+			}
+			_, err := c.Recv()
+			return err
+		},
+	}
+}
+
+// The access table of a secured node, driven against a daemon process
+// with real TLS and certificates and tokens made by the CLI: every gRPC
+// method and every first data-channel frame, by every kind of caller, on
+// tenant acme's blocks.
+func TestAccessTable(t *testing.T) {
+	p := makePKI(t, "secure-1")
+	s := startServe(t, append([]string{"--standalone", "--capacity", "64MiB", "--node-id", "secure-1"}, p.serveArgs("secure-1")...)...)
+	callers := []caller{
+		{name: "acme cert", tls: p.clientTLS(t, "tenant-acme")},
+		{name: "acme token", tls: p.clientTLS(t, ""), token: p.bearer["acme-token"]},
+		{name: "acme token plaintext", token: p.bearer["acme-token"]},
+		{name: "globex cert", tls: p.clientTLS(t, "tenant-globex")},
+		{name: "node cert", tls: p.clientTLS(t, "node-secure-1")},
+		{name: "admin cert", tls: p.clientTLS(t, "admin-ops")},
+		{name: "admin token", tls: p.clientTLS(t, ""), token: p.bearer["ops-token"]},
+		{name: "anonymous TLS", tls: p.clientTLS(t, "")},
+		{name: "anonymous plaintext"},
+		{name: "bad token", tls: p.clientTLS(t, ""), token: "kvp_not-a-token"},
+	}
+	// What the design says, per kind of caller: the calls refused, and how.
+	tenantOnly := []string{"admin.ListNodes", "admin.ClusterLocate", "admin.ListBlocks", "admin.ClusterStats", "admin.ListLinks",
+		"admin.GetPolicy", "admin.ListPolicies", "admin.SetPolicy", "admin.DeletePolicy", "transfer.Read"}
+	acmesBlocks := []string{"Put", "Get", "BatchPut", "BatchGet", "Exists", "Locate", "Remove", "Fetch", "Route", "Estimate", "Plan",
+		"data.Get", "data.View", "data.Remove", "data.Reserve", "data.Put"}
+	want := func(c caller, call string) string {
+		switch {
+		case call == "health.Check":
+			return "ok"
+		case strings.HasPrefix(c.name, "anonymous"), c.name == "bad token":
+			return "unauth"
+		case strings.HasPrefix(c.name, "admin"):
+			if call == "transfer.Read" {
+				return "denied" // raw arena bytes move between nodes only
+			}
+			return "ok"
+		case strings.HasPrefix(c.name, "acme"):
+			if slices.Contains(tenantOnly, call) {
+				return "denied"
+			}
+			return "ok"
+		case strings.HasPrefix(c.name, "globex"):
+			if slices.Contains(tenantOnly, call) || slices.Contains(acmesBlocks, call) {
+				return "denied"
+			}
+			return "ok"
+		case strings.HasPrefix(c.name, "node"):
+			if strings.HasPrefix(call, "admin.") || call == "Stats" || call == "ReportLoad" {
+				return "denied"
+			}
+			return "ok"
+		}
+		return "?"
+	}
+	got := map[string]map[string]string{}
+	ctx := context.Background()
+	for _, c := range callers {
+		got[c.name] = map[string]string{}
+		cc := c.grpcConn(t, s.addr)
+		for name, call := range grpcCalls() {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			got[c.name][name] = outcome(call(cctx, cc))
+			cancel()
+		}
+		for name, frame := range dataFrames() {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			conn, err := wire.Dial(cctx, s.addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: c.tls, Token: c.token})
+			if err != nil {
+				t.Fatalf("%s: dial the data channel: %v", c.name, err)
+			}
+			got[c.name][name] = outcome(frame(cctx, conn))
+			conn.Close()
+			cancel()
+		}
+	}
+	var calls []string
+	for name := range got[callers[0].name] {
+		calls = append(calls, name)
+	}
+	sort.Strings(calls)
+	var table strings.Builder
+	fmt.Fprintf(&table, "| call |")
+	for _, c := range callers {
+		fmt.Fprintf(&table, " %s |", c.name)
+	}
+	fmt.Fprintf(&table, "\n|---|%s\n", strings.Repeat("---|", len(callers)))
+	for _, call := range calls {
+		fmt.Fprintf(&table, "| %s |", call)
+		for _, c := range callers {
+			g, w := got[c.name][call], want(c, call)
+			if g != w {
+				t.Errorf("%s calling %s: %s, want %s", c.name, call, g, w)
+			}
+			fmt.Fprintf(&table, " %s |", g)
+		}
+		table.WriteString("\n")
+	}
+	t.Logf("access table (calls on tenant acme's blocks):\n%s", table.String())
+}
+
+// A transfer connection (KVPT) without a node identity is refused before
+// any byte of the arena moves; one with a node certificate is served.
+func TestTransferEndpointAdmitsOnlyNodes(t *testing.T) {
+	p := makePKI(t, "secure-2")
+	s := startServe(t, append([]string{"--standalone", "--capacity", "16MiB", "--node-id", "secure-2"}, p.serveArgs("secure-2")...)...)
+	// A read of region 1 (the arena), offset 0, 4096 bytes, as the tcp
+	// transport frames it.
+	read := make([]byte, 24) // kind u8, 3 zero bytes, region u32, offset u64, length u64
+	read[0] = byte(transfer.Read)
+	binary.LittleEndian.PutUint32(read[4:], 1)
+	binary.LittleEndian.PutUint64(read[16:], 4096)
+	try := func(tlsConfig *tls.Config, token string) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		c, err := wire.DialPreamble(ctx, s.addr, transfer.TCPPreamble, tlsConfig, token)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		if _, err := c.Write(read); err != nil {
+			return 0, err
+		}
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		return io.ReadFull(c, make([]byte, 16+4096)) // the response header and the bytes
+	}
+	for _, tc := range []struct {
+		name  string
+		tls   *tls.Config
+		token string
+	}{
+		{"plaintext, no identity", nil, ""},
+		{"TLS, no client certificate", p.clientTLS(t, ""), ""},
+		{"a tenant's certificate", p.clientTLS(t, "tenant-acme"), ""},
+		{"an admin's token", nil, p.bearer["ops-token"]},
+		{"a forged token", nil, "kvp_forged"},
+	} {
+		n, err := try(tc.tls, tc.token)
+		var ne net.Error
+		if n != 0 || err == nil || errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("%s: read %d bytes (%v); want the connection closed before any byte", tc.name, n, err)
+		}
+	}
+	if n, err := try(p.clientTLS(t, "node-secure-2"), ""); n == 0 {
+		t.Errorf("a node's certificate: %d bytes (%v); want the read answered", n, err)
+	}
+	if n, err := try(nil, p.bearer["peer-token"]); n == 0 {
+		t.Errorf("a node's token: %d bytes (%v); want the read answered", n, err)
+	}
+}
+
+// A token removed from the token file, or past its expiry, stops working
+// within a second, without a restart.
+func TestTokensRevokeAndExpire(t *testing.T) {
+	p := makePKI(t, "secure-3")
+	short := strings.TrimSpace(mustOK(t, kv(t, nil, "auth", "token", "--name", "short", "--tenant", "acme", "--valid", "3s", "--file", p.tokens)).stdout)
+	s := startServe(t, append([]string{"--standalone", "--capacity", "16MiB", "--node-id", "secure-3"}, p.serveArgs("secure-3")...)...)
+	exists := func(token string) error {
+		cc := caller{tls: p.clientTLS(t, ""), token: token}.grpcConn(t, s.addr)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := kvpoolv1.NewKVPoolServiceClient(cc).Exists(ctx, &kvpoolv1.ExistsRequest{Tenant: "acme", Namespace: "n", Keys: [][]byte{[]byte("k")}})
+		return err
+	}
+	for _, tok := range []string{p.bearer["acme-token"], short} {
+		if err := exists(tok); err != nil {
+			t.Fatalf("a granted token: %v", err)
+		}
+	}
+	// Revoke acme-token: rewrite the file without its line.
+	b, err := os.ReadFile(p.tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !strings.HasPrefix(l, "acme-token ") {
+			kept = append(kept, l)
+		}
+	}
+	if err := os.WriteFile(p.tokens, []byte(strings.Join(kept, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	eventually.True(t, "the revoked token to stop working", 5*time.Second, func() bool { return outcome(exists(p.bearer["acme-token"])) == "unauth" })
+	t.Logf("a revoked token stopped working %v after its line left the file", time.Since(revoked).Round(10*time.Millisecond))
+	if time.Since(revoked) > time.Second+tokenSlack {
+		t.Errorf("revocation took %v, more than a second", time.Since(revoked))
+	}
+	if err := exists(p.bearer["globex-token"]); outcome(err) != "denied" {
+		t.Errorf("globex's token on acme's blocks: %v, want PermissionDenied (the other tokens stay)", err)
+	}
+	eventually.True(t, "the 3 s token to expire", 10*time.Second, func() bool { return outcome(exists(short)) == "unauth" })
+}
+
+// tokenSlack allows for a loaded machine on top of the one second a
+// revocation may take.
+const tokenSlack = 500 * time.Millisecond
+
+// Three daemons secured with mutual TLS on a separate etcd: a tenant puts
+// with copies on one node and fetches on another; the nodes pin, read and
+// replicate between themselves over TLS with their node certificates, over
+// the tcp and the grpc transports. Another tenant's fetch is refused.
+func TestSecuredClusterFetchesAndReplicates(t *testing.T) {
+	e := startEtcdProcess(t)
+	ids := []string{"sec-0", "sec-1", "sec-2"}
+	p := makePKI(t, ids...)
+	var nodes []*server
+	for i, id := range ids {
+		tr := []string{"tcp", "grpc", "tcp"}[i]
+		args := append([]string{"--node-id", id, "--etcd-endpoints", e.client, "--lease-ttl", "2s", "--capacity", "64MiB", "--transport", tr}, p.serveArgs(id)...)
+		nodes = append(nodes, startServe(t, args...))
+	}
+	dial := func(i int, cert string) *api.Client {
+		c, err := api.Dial(context.Background(), api.ClientConfig{Server: nodes[i].addr, Path: api.PathData, TLS: p.clientTLS(t, cert)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ctx := context.Background()
+	acme0, acme1, acme2, globex1 := dial(0, "tenant-acme"), dial(1, "tenant-acme"), dial(2, "tenant-acme"), dial(1, "tenant-globex")
+	keys := chainKeys(t, 41, 4)
+	values := make([][]byte, len(keys))
+	for i, k := range keys {
+		values[i] = randomBytes(300_000)
+		bk := api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k}
+		var err error
+		eventually.True(t, "a put with 2 copies to find a peer", 10*time.Second, func() bool {
+			err = acme0.PutReplicas(ctx, bk, values[i], 2)
+			return err == nil
+		})
+	}
+	for _, fc := range []struct {
+		name string
+		c    *api.Client
+	}{{"sec-1 (pulls over grpc)", acme1}, {"sec-2 (pulls over tcp)", acme2}} {
+		eventually.True(t, fc.name+" to fetch acme's chain", 10*time.Second, func() bool {
+			res, err := fc.c.Fetch(ctx, "acme", "llama3-8b", keys, time.Second)
+			if err != nil {
+				return false
+			}
+			for _, r := range res {
+				if r.Err != nil {
+					return false
+				}
+			}
+			return true
+		})
+		for i, k := range keys {
+			got, err := fc.c.GetValue(ctx, api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k})
+			if err != nil || string(got) != string(values[i]) {
+				t.Fatalf("%s: block %d after the fetch: %v", fc.name, i, err)
+			}
+		}
+	}
+	if _, err := globex1.Fetch(ctx, "acme", "llama3-8b", keys, time.Second); !errors.Is(err, api.ErrPermissionDenied) {
+		t.Errorf("globex fetching acme's chain: %v, want PermissionDenied", err)
+	}
+}

@@ -2,9 +2,9 @@ package test
 
 import (
 	"context"
-	"encoding/binary"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -257,9 +257,15 @@ func dataFrames() map[string]func(ctx context.Context, c *wire.Conn) error {
 		return &wire.Request{Op: op, Tenant: []byte("acme"), Namespace: []byte("n"), Key: []byte("absent")}
 	}
 	return map[string]func(ctx context.Context, c *wire.Conn) error{
-		"data.Get":    func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpGet)); return err },
-		"data.View":   func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpView)); return err },
-		"data.Remove": func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpRemove)); return err },
+		"data.Get": func(ctx context.Context, c *wire.Conn) error { _, err := c.RoundTrip(ctx, key(wire.OpGet)); return err },
+		"data.View": func(ctx context.Context, c *wire.Conn) error {
+			_, err := c.RoundTrip(ctx, key(wire.OpView))
+			return err
+		},
+		"data.Remove": func(ctx context.Context, c *wire.Conn) error {
+			_, err := c.RoundTrip(ctx, key(wire.OpRemove))
+			return err
+		},
 		"data.Reserve": func(ctx context.Context, c *wire.Conn) error {
 			r := key(wire.OpReserve)
 			r.ValueLen = 1

@@ -596,8 +596,9 @@ class _DataPath(_CopyingPath):
     """The framed TCP data channel: a pool of connections, one per call in
     flight, values received into and sent from the caller's memory."""
 
-    def __init__(self, host, port, timeout, max_idle):
+    def __init__(self, host, port, timeout, max_idle, token=None):
         self._host, self._port, self._timeout, self._max_idle = host, port, timeout, max_idle
+        self._token = token
         self._idle = []
         self._lock = threading.Lock()
         self._closed = False
@@ -616,7 +617,7 @@ class _DataPath(_CopyingPath):
             if self._idle:
                 return self._idle.pop(), True
         try:
-            return wire.Conn.dial(self._host, self._port, self._timeout), False
+            return wire.Conn.dial(self._host, self._port, self._timeout, self._token), False
         except OSError as e:
             raise errors.Unavailable(f"kvpool: data channel to {self._host}:{self._port}: {e}") from e
 
@@ -782,6 +783,35 @@ def _split_addr(addr):
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                         grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Sends the bearer token with every gRPC call, as the Go client does."""
+
+    def __init__(self, token):
+        self._md = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        md = list(d.metadata or []) + [self._md]
+        return _CallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready, d.compression)
+
+    def intercept_unary_unary(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_unary_stream(self, cont, d, req):
+        return cont(self._details(d), req)
+
+    def intercept_stream_unary(self, cont, d, reqs):
+        return cont(self._details(d), reqs)
+
+    def intercept_stream_stream(self, cont, d, reqs):
+        return cont(self._details(d), reqs)
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
 class Client:
     """A client of one kvpool node, for one tenant and namespace.
 
@@ -800,18 +830,40 @@ class Client:
     the same connections. close() (or a with block) ends them; views and
     reservations still held stay valid memory, and further calls raise
     Unavailable.
+
+    On a node that requires credentials: token (a bearer token, as
+    `kvpool auth token` makes it; default $KVPOOL_TOKEN) identifies the
+    caller on gRPC and the data channel; tls_ca (a PEM file) talks TLS to
+    gRPC, and tls_cert with tls_key present a client certificate. Over TLS
+    this client moves bytes over shared memory or gRPC: its data channel
+    is plaintext only (path="auto" then picks gRPC off the node's host).
     """
 
     def __init__(self, addr, tenant="default", namespace="default", path="auto", timeout=10.0,
-                 max_idle_conns=8, verify_shared_reads=False, location_cache=True):
+                 max_idle_conns=8, verify_shared_reads=False, location_cache=True,
+                 token=None, tls_ca=None, tls_cert=None, tls_key=None):
         if path not in PATHS and path != "tcp":
             raise errors.InvalidArgument(f"kvpool: unknown path {path!r} (want auto, shm, data or grpc)")
+        if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
+            raise errors.InvalidArgument("kvpool: tls_cert and tls_key go together, and need tls_ca")
+        if tls_ca is not None and path in ("data", "tcp"):
+            raise errors.InvalidArgument("kvpool: this client's data channel is plaintext only; over TLS use path='grpc' (or 'shm' on the node's host)")
         self._tenant, self._namespace = _name("tenant", tenant), _name("namespace", namespace)
         self.addr, self.timeout = addr, timeout
         host, port = _split_addr(addr)
         self._owner = True
-        self._channel = grpc.insecure_channel(addr, options=[
-            ("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)])
+        self._token = token if token is not None else os.environ.get("KVPOOL_TOKEN") or None
+        options = [("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)]
+        if tls_ca is not None:
+            def read(p):
+                with open(p, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key) if tls_key else None, read(tls_cert) if tls_cert else None)
+            self._channel = grpc.secure_channel(addr, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(addr, options=options)
+        if self._token:
+            self._channel = grpc.intercept_channel(self._channel, _BearerInterceptor(self._token))
         try:
             self._stub = pb_grpc.KVPoolServiceStub(self._channel)
             try:
@@ -833,10 +885,10 @@ class Client:
                     if want == "shm":
                         raise
                     want = "data"
-            if want == "data" and not self.info.data_channel:
+            if want == "data" and (not self.info.data_channel or tls_ca is not None):
                 want = "grpc"
             if want == "data":
-                self._bytes = _DataPath(host, port, timeout, max_idle_conns)
+                self._bytes = _DataPath(host, port, timeout, max_idle_conns, self._token)
             elif want == "grpc":
                 self._bytes = _GrpcPath(self._stub, timeout)
             self.path = want

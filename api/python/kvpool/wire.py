@@ -24,6 +24,20 @@ from . import errors
 from ._crc import crc32c
 
 PREAMBLE = b"KVPD\x01\x00\x00\x00"
+# Byte 5 of the preamble: a bearer token follows, its length a little-endian
+# uint16 in bytes 6-7 (api/wire.PreambleFlagToken, MaxTokenBytes).
+PREAMBLE_FLAG_TOKEN = 1
+MAX_TOKEN_BYTES = 1024
+
+
+def preamble(token=None):
+    """The data channel's preamble, carrying token when given."""
+    if not token:
+        return PREAMBLE
+    t = token.encode() if isinstance(token, str) else bytes(token)
+    if not 0 < len(t) <= MAX_TOKEN_BYTES:
+        raise ValueError(f"a token of {len(t)} bytes: want 1 to {MAX_TOKEN_BYTES}")
+    return PREAMBLE[:5] + bytes([PREAMBLE_FLAG_TOKEN]) + struct.pack("<H", len(t)) + t
 VERSION = 1
 TRAILER_MAGIC = 0x4550564B  # "KVPE" little-endian
 REQUEST_HEADER_BYTES = 32
@@ -125,10 +139,10 @@ class Conn:
         self._hdr_view = memoryview(self._hdr)
 
     @classmethod
-    def dial(cls, host, port, timeout):
+    def dial(cls, host, port, timeout, token=None):
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(PREAMBLE)
+        sock.sendall(preamble(token))
         return cls(sock, timeout)
 
     def close(self):

@@ -3,9 +3,12 @@
 // read from a client certificate or a bearer token, and the one table of
 // which identity may do which operation on whose blocks.
 //
-// It is pure: no goroutines, no clock (callers pass the time), no I/O
-// beyond the reader a token file is parsed from. The node enforces it at
-// every door (package pool); clients only present credentials.
+// The identities and the access table are pure: no goroutines, no clock
+// (callers pass the time), no I/O beyond the reader a token file is parsed
+// from. The node enforces them at every door (package pool); clients only
+// present credentials. CA (ca.go) makes the certificates of a test or
+// small cluster, and writes them to files: for kvpool auth certs, the
+// benchmarks and the tests.
 package auth
 
 import (

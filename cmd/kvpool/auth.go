@@ -1,18 +1,8 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -74,12 +64,12 @@ carry these URI SANs (or a CN of tenant:NAME, node:ID or admin:NAME).`,
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				return err
 			}
-			ca, caKey, err := loadOrMakeCA(dir, valid)
+			ca, err := auth.LoadOrMakeCA(dir, valid)
 			if err != nil {
 				return err
 			}
 			issue := func(file string, id auth.Identity, server bool) error {
-				if err := issueCert(dir, file, ca, caKey, id, domain, hosts, server, valid); err != nil {
+				if err := ca.Issue(dir, file, id, domain, hosts, server, valid); err != nil {
 					return err
 				}
 				fmt.Fprintf(e.stdout, "%s\t%s\n", filepath.Join(dir, file+".pem"), auth.URI(id, domain))
@@ -112,93 +102,6 @@ carry these URI SANs (or a CN of tenant:NAME, node:ID or admin:NAME).`,
 	f.StringVar(&domain, "trust-domain", auth.DefaultTrustDomain, "SPIFFE trust domain of the identities")
 	f.DurationVar(&valid, "valid", 365*24*time.Hour, "how long the certificates are valid")
 	return c
-}
-
-// loadOrMakeCA reads dir's CA, or makes one.
-func loadOrMakeCA(dir string, valid time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
-	if pair, err := tls.LoadX509KeyPair(certFile, keyFile); err == nil {
-		key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
-		if !ok {
-			return nil, nil, fmt.Errorf("%s: not an ECDSA key", keyFile)
-		}
-		ca, err := x509.ParseCertificate(pair.Certificate[0])
-		return ca, key, err
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("existing CA in %s: %w", dir, err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "kvpool test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(valid),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := writePEM(certFile, "CERTIFICATE", der, 0o644); err != nil {
-		return nil, nil, err
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := writePEM(keyFile, "EC PRIVATE KEY", kb, 0o600); err != nil {
-		return nil, nil, err
-	}
-	ca, err := x509.ParseCertificate(der)
-	return ca, key, err
-}
-
-// issueCert writes NAME.pem and NAME-key.pem in dir: a certificate for id
-// signed by ca, for clients, and for servers on hosts when server.
-func issueCert(dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, id auth.Identity, domain string, hosts []string, server bool, valid time.Duration) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(valid),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		URIs:        []*url.URL{auth.URI(id, domain)},
-	}
-	if server {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-		for _, h := range hosts {
-			if ip := net.ParseIP(h); ip != nil {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			} else {
-				tmpl.DNSNames = append(tmpl.DNSNames, h)
-			}
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	if err := writePEM(filepath.Join(dir, name+".pem"), "CERTIFICATE", der, 0o644); err != nil {
-		return err
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	return writePEM(filepath.Join(dir, name+"-key.pem"), "EC PRIVATE KEY", kb, 0o600)
-}
-
-func serial() *big.Int {
-	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	return n
-}
-
-func writePEM(path, kind string, der []byte, mode os.FileMode) error {
-	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), mode)
 }
 
 func authTokenCmd(e *env) *cobra.Command {

@@ -107,7 +107,7 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var path string
 	var asJSON, quiet bool
 	var cpuProfile string
-	var remote bool
+	var remote, authCompare bool
 	rc := bench.RemoteConfig{Transport: transfer.ProtocolTCP, Conns: 2, ChainBlocks: 16}
 	so := soakOptions{keys: 1024, maxValue: 1 << 20}
 	c := &cobra.Command{
@@ -189,6 +189,21 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				}
 				defer pprof.StopCPUProfile()
 			}
+			if authCompare {
+				res, err := bench.RunAuth(cmd.Context(), cfg)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(e.stdout, res)
+				}
+				fmt.Fprintf(e.stdout, "%s data, %s blocks, %d clients, %d rounds of each mode\n", res.Op, formatSize(int64(res.BlockBytes)), res.Clients, res.Rounds)
+				for _, m := range res.Modes {
+					fmt.Fprintf(e.stdout, "  %-6s %6.2f GB/s  p50 %.3f ms  p99 %.3f ms\n", m.Name, m.GBps, m.P50Ms, m.P99Ms)
+				}
+				fmt.Fprintf(e.stdout, "  token/open %.3f   tls/token %.3f\n", res.TokenRatio, res.TLSRatio)
+				return nil
+			}
 			var res *bench.Result
 			if remote {
 				res, err = benchRemote(cmd.Context(), cfg, rc)
@@ -229,6 +244,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.BoolVar(&authCompare, "auth", false, "compare, in one run, an open node, a secured node over plaintext with a token, and the secured node over TLS with a client certificate (data path; --op, --block-size, --clients, --duration and --rounds apply)")
 	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")
 	f.Var(textV[transfer.Protocol]{&rc.Transport}, "transport", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")
 	f.IntVar(&rc.Conns, "conns", rc.Conns, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")

@@ -551,3 +551,36 @@ func TestSecuredClusterFetchesAndReplicates(t *testing.T) {
 		t.Errorf("globex fetching acme's chain: %v, want PermissionDenied", err)
 	}
 }
+
+// Daemons reach an etcd that requires TLS client certificates (Debian's
+// etcd as a process) with --etcd-ca, --etcd-cert and --etcd-key: they
+// register and see each other's blocks.
+func TestEtcdWithTLS(t *testing.T) {
+	p := makePKI(t, "etcd", "tls-a", "tls-b")
+	e := startEtcdProcessWith(t, "https", []string{"--cert-file", p.file("node-etcd.pem"), "--key-file", p.file("node-etcd-key.pem"),
+		"--trusted-ca-file", p.file("ca.pem"), "--client-cert-auth"}, p.clientTLS(t, "admin-ops"))
+	var nodes []*server
+	for _, id := range []string{"tls-a", "tls-b"} {
+		nodes = append(nodes, startServe(t, append([]string{"--node-id", id, "--etcd-endpoints", e.client, "--lease-ttl", "2s", "--capacity", "16MiB",
+			"--etcd-ca", p.file("ca.pem"), "--etcd-cert", p.file("node-"+id+".pem"), "--etcd-key", p.file("node-"+id+"-key.pem")}, p.serveArgs(id)...)...))
+	}
+	c, err := api.Dial(context.Background(), api.ClientConfig{Server: nodes[0].addr, Path: api.PathData, TLS: p.clientTLS(t, "tenant-acme")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	keys := chainKeys(t, 51, 2)
+	putChain(t, c, keys)
+	b, err := api.Dial(context.Background(), api.ClientConfig{Server: nodes[1].addr, Path: api.PathData, TLS: p.clientTLS(t, "tenant-acme")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	eventually.True(t, "tls-b to see tls-a's blocks through the TLS etcd", 10*time.Second, func() bool {
+		hs, err := b.Route(context.Background(), "acme", "llama3-8b", keys)
+		return err == nil && len(hs) == 2 && len(hs[1]) > 0 && hs[1][0].NodeID == "tls-a"
+	})
+	if e.epoch("tls-a") == 0 || e.epoch("tls-b") == 0 {
+		t.Fatal("the daemons are not registered in the TLS etcd")
+	}
+}

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -29,12 +30,23 @@ type etcdProcess struct {
 	cmd            *exec.Cmd
 	done           chan struct{}
 	checkingClient *clientv3.Client
+	// With TLS: etcd's flags, and how the test's own client reaches it.
+	tlsFlags  []string
+	clientTLS *tls.Config
 }
 
 func startEtcdProcess(t *testing.T) *etcdProcess {
 	t.Helper()
+	return startEtcdProcessWith(t, "http", nil, nil)
+}
+
+// startEtcdProcessWith starts etcd with its client URL in scheme and the
+// extra flags (TLS ones); clientTLS is how the test's client reaches it.
+func startEtcdProcessWith(t *testing.T, scheme string, flags []string, clientTLS *tls.Config) *etcdProcess {
+	t.Helper()
 	e := &etcdProcess{t: t, bin: requireTool(t, "etcd"), dir: filepath.Join(t.TempDir(), "etcd"),
-		client: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", freePort(t))}
+		client: fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		tlsFlags: flags, clientTLS: clientTLS}
 	e.start()
 	t.Cleanup(func() {
 		e.cmd.Process.Signal(syscall.SIGCONT)
@@ -49,10 +61,11 @@ func startEtcdProcess(t *testing.T) *etcdProcess {
 // start runs etcd on e's ports and data directory and waits until it answers.
 func (e *etcdProcess) start() {
 	e.t.Helper()
-	e.cmd = exec.Command(e.bin, "--name", "ext", "--data-dir", e.dir,
+	args := append([]string{"--name", "ext", "--data-dir", e.dir,
 		"--listen-client-urls", e.client, "--advertise-client-urls", e.client,
-		"--listen-peer-urls", e.peer, "--initial-advertise-peer-urls", e.peer, "--initial-cluster", "ext="+e.peer,
-		"--log-level", "error")
+		"--listen-peer-urls", e.peer, "--initial-advertise-peer-urls", e.peer, "--initial-cluster", "ext=" + e.peer,
+		"--log-level", "error"}, e.tlsFlags...)
+	e.cmd = exec.Command(e.bin, args...)
 	if err := e.cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -70,7 +83,7 @@ func (e *etcdProcess) start() {
 // cli is a client of e for the test's own checks.
 func (e *etcdProcess) cli() *clientv3.Client {
 	if e.checkingClient == nil {
-		c, err := metadata.NewClient([]string{e.client})
+		c, err := metadata.NewSecureClient(metadata.EtcdConfig{Endpoints: []string{e.client}, TLS: e.clientTLS})
 		if err != nil {
 			e.t.Fatal(err)
 		}

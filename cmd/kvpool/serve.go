@@ -1,11 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -156,7 +159,14 @@ func connectEtcd(o *serveOptions, nodeID string, log *slog.Logger) (*clientv3.Cl
 		log.Info("embedded etcd serving", "client_url", srv.ClientURL(), "data_dir", dir,
 			"join_with", "--etcd-endpoints "+srv.ClientURL())
 	}
-	cli, err := metadata.NewClient(endpoints)
+	ec := metadata.EtcdConfig{Endpoints: endpoints, Username: o.etcdUser}
+	if srv == nil {
+		var err error
+		if ec.TLS, ec.Password, err = etcdCredentials(o); err != nil {
+			return nil, nil, err
+		}
+	}
+	cli, err := metadata.NewSecureClient(ec)
 	if err != nil {
 		if srv != nil {
 			srv.Close()
@@ -184,4 +194,46 @@ func newLogger(e *env, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// etcdCredentials reads --etcd-ca, --etcd-cert, --etcd-key and
+// --etcd-password-file.
+func etcdCredentials(o *serveOptions) (*tls.Config, string, error) {
+	var cfg *tls.Config
+	if (o.etcdCert == "") != (o.etcdKey == "") {
+		return nil, "", usagef("--etcd-cert and --etcd-key go together")
+	}
+	if o.etcdCA != "" {
+		pem, err := os.ReadFile(o.etcdCA)
+		if err != nil {
+			return nil, "", err
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, "", fmt.Errorf("--etcd-ca %s holds no PEM certificate", o.etcdCA)
+		}
+		cfg = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	if o.etcdCert != "" {
+		if cfg == nil {
+			return nil, "", usagef("--etcd-cert needs --etcd-ca")
+		}
+		pair, err := tls.LoadX509KeyPair(o.etcdCert, o.etcdKey)
+		if err != nil {
+			return nil, "", err
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	password := ""
+	if o.etcdPasswordFile != "" {
+		b, err := os.ReadFile(o.etcdPasswordFile)
+		if err != nil {
+			return nil, "", err
+		}
+		password = strings.TrimSpace(string(b))
+	}
+	if (o.etcdUser == "") != (password == "") {
+		return nil, "", usagef("--etcd-user and --etcd-password-file go together")
+	}
+	return cfg, password, nil
 }

@@ -24,6 +24,8 @@ import (
 type serveOptions struct {
 	logLevel, logFormat string
 	etcdEndpoints       []string
+	// TLS and credentials for an external etcd.
+	etcdCA, etcdCert, etcdKey, etcdUser, etcdPasswordFile string
 	dataDir             string
 	embeddedEtcdListen  string
 	standalone          bool
@@ -71,6 +73,11 @@ var settings = []setting{
 	{"spin-wait", "how long a data connection polls for the next request before sleeping: saves a thread wake-up per request, costs up to this much CPU per request; negative turns it off", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.SpinWait) }},
 	{"max-namespaces", "most (tenant, namespace) pairs holding blocks or reservations at once (a pair left empty is freed)", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.MaxNamespaces) }},
 	{"etcd-endpoints", "comma-separated etcd client URLs of an existing cluster; empty starts an embedded etcd", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.etcdEndpoints) }},
+	{"etcd-ca", "PEM CA that signed etcd's certificate: talk TLS to --etcd-endpoints (https://)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdCA) }},
+	{"etcd-cert", "PEM client certificate for an etcd that requires one (with --etcd-key)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdCert) }},
+	{"etcd-key", "PEM key of --etcd-cert", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdKey) }},
+	{"etcd-user", "etcd user name, for an etcd with authentication on", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdUser) }},
+	{"etcd-password-file", "file holding the password of --etcd-user", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdPasswordFile) }},
 	{"data-dir", "embedded etcd's data directory (default $TMPDIR/kvpool-<node-id>/etcd)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.dataDir) }},
 	{"embedded-etcd-listen", "where the embedded etcd serves clients; other daemons join with --etcd-endpoints http://ADDR", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.embeddedEtcdListen) }},
 	{"standalone", "run without etcd or gossip: a single node that publishes nothing", func(_ *pool.Config, o *serveOptions) pflag.Value { return boolV(&o.standalone) }},

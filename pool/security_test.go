@@ -1,8 +1,20 @@
 package pool
 
 import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/transfer"
 )
 
 // Every gRPC method a node serves has a row in the access table: a new
@@ -55,4 +67,63 @@ func TestSecurityConfigValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// securedConfig secures cfg with a CA, a node certificate and a token file
+// made in dir; it returns a tenant token.
+func securedConfig(t testing.TB, cfg *Config, dir string) string {
+	t.Helper()
+	ca, err := auth.LoadOrMakeCA(dir, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Issue(dir, "node", auth.Identity{Role: auth.RoleNode, Name: cfg.NodeID}, auth.DefaultTrustDomain, []string{"127.0.0.1"}, true, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	tok, line, err := auth.NewToken("t", auth.Identity{Role: auth.RoleTenant, Tenant: "t"}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TLSCertFile, cfg.TLSKeyFile = filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
+	cfg.ClientCAFile, cfg.TokenFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "tokens")
+	return tok
+}
+
+// FuzzDoors sends arbitrary first bytes to a secured node's TCP port (the
+// sniffer, the preambles and their tokens, the TLS handshake, gRPC's
+// preface): nothing panics, nothing is left reserved, and the node still
+// answers an authenticated client.
+func FuzzDoors(f *testing.F) {
+	f.Add(wire.AppendPreamble(nil, wire.Preamble, "kvp_x"))
+	f.Add(wire.AppendPreamble(nil, transfer.TCPPreamble, "kvp_x"))
+	f.Add(append(wire.AppendPreamble(nil, wire.Preamble, ""), wire.AppendRequest(nil, &wire.Request{Op: wire.OpReserve, ValueLen: 8, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")})...))
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00})
+	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	var token string
+	n := startNode(f, func(c *Config) {
+		c.HandshakeTimeout = 50 * time.Millisecond
+		token = securedConfig(f, c, f.TempDir())
+	})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c, err := net.Dial("tcp", n.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(in)
+		c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		io.Copy(io.Discard, c)
+		c.Close()
+	})
+	c, err := api.Dial(context.Background(), api.ClientConfig{Server: n.Addr().String(), Path: api.PathData, Token: token})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Put(context.Background(), api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("after")}, []byte("v")); err != nil {
+		f.Fatalf("after the fuzz: %v", err)
+	}
+	eventually.True(f, "no reservation left", 5*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 }

@@ -137,3 +137,31 @@ func FuzzDecodeHello(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPreambleToken feeds arbitrary bytes after a preamble's first five:
+// the reader never panics nor reads past a token's announced length, and
+// whatever it accepts re-encodes to the same bytes.
+func FuzzPreambleToken(f *testing.F) {
+	f.Add(AppendPreamble(nil, Preamble, "kvp_token"))
+	f.Add(Preamble[:])
+	f.Add([]byte("KVPD\x01\x01\xff\xff"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) < 8 {
+			return
+		}
+		var pre [8]byte
+		copy(pre[:], b)
+		copy(pre[:5], Preamble[:5])
+		r := bytes.NewReader(b[8:])
+		tok, err := ReadPreambleToken(r, pre)
+		if err != nil {
+			return
+		}
+		if len(tok) > MaxTokenBytes {
+			t.Fatalf("accepted a %d-byte token", len(tok))
+		}
+		if re := AppendPreamble(nil, Preamble, tok); !bytes.Equal(re, append(pre[:], b[8:8+len(tok)]...)) {
+			t.Fatalf("accepted %x but re-encodes as %x", append(pre[:], b[8:8+len(tok)]...), re)
+		}
+	})
+}

@@ -60,6 +60,9 @@ type dataServer struct {
 	noBench     bool          // see ServerConfig.NoBenchFrames
 	spinners    *spinners     // shared by every connection's reader
 	gate        *gatekeeper   // nil: every caller may do everything
+	// grants, when set (a secured node), records what peer nodes pinned
+	// and reserved, which is all the transports let them touch.
+	grants *grants
 	// hello is what a same-host client receives first: the Hello and the
 	// descriptors of the segment and of the version words.
 	hello func() (*wire.Hello, []int)
@@ -95,6 +98,9 @@ type session struct {
 	// it and the connection closes.
 	caller    auth.Identity
 	callerErr error
+	// grants this session gave its caller, a peer node, by pin or
+	// reservation handle; nil unless the node keeps grants.
+	grants map[uint64]grant
 }
 
 func newSession() *session {
@@ -110,16 +116,43 @@ func newCallerSession(id auth.Identity, err error) *session {
 }
 
 // end releases everything the session holds.
-func (s *session) end(st dataStore) {
+func (s *session) end(st dataStore, g *grants) {
 	for h, k := range s.pins {
 		for range k {
 			st.ReleaseHandle(h)
+			s.ungrant(g, h, false)
 		}
+	}
+	for h := range s.res {
+		s.ungrant(g, h, false)
 	}
 	for _, r := range s.res {
 		st.Abort(r)
 	}
 	s.pins, s.res = nil, nil
+}
+
+// grant lets the session's caller, when it is a peer node, touch gr of
+// the arena through a transport while handle is held.
+func (s *session) grant(g *grants, handle uint64, gr grant) {
+	if g == nil || s.caller.Role != auth.RoleNode {
+		return
+	}
+	if s.grants == nil {
+		s.grants = map[uint64]grant{}
+	}
+	s.grants[handle] = gr
+	g.add(s.caller.Name, gr)
+}
+
+// ungrant takes back one hold of handle's grant; last forgets it.
+func (s *session) ungrant(g *grants, handle uint64, last bool) {
+	if gr, ok := s.grants[handle]; ok {
+		g.remove(s.caller.Name, gr)
+		if last {
+			delete(s.grants, handle)
+		}
+	}
 }
 
 // serveShm greets a same-host client with the Hello and the segment's
@@ -183,7 +216,7 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 		}
 	}
 	d.br = bufio.NewReaderSize(newPollingReader(c, spin, s.spinners), 64<<10)
-	defer sess.end(s.store)
+	defer sess.end(s.store, s.grants)
 	for ctx.Err() == nil {
 		// Idle between frames for up to idleTimeout; once a frame's first
 		// byte is in, the rest of it has ioTimeout.
@@ -276,12 +309,14 @@ func (d *dataConn) handle() error {
 			return d.respondErr(err)
 		}
 		d.sess.pins[pin.Handle()]++
+		d.sess.grant(d.s.grants, pin.Handle(), grant{offset: uint64(pin.Offset), length: uint64(len(pin.Mem))})
 		return d.respond(nil, &wire.Response{CRC: pin.CRC, ValueLen: uint64(len(pin.Mem)), Offset: uint64(pin.Offset), Handle: pin.Handle()})
 	case wire.OpRelease:
 		if d.sess.pins[r.Handle] == 0 {
 			d.s.metrics.dataOp(r.Op, codes.InvalidArgument)
 			return fmt.Errorf("release of pin %#x that this session does not hold", r.Handle)
 		}
+		d.sess.ungrant(d.s.grants, r.Handle, d.sess.pins[r.Handle] == 1)
 		if d.sess.pins[r.Handle]--; d.sess.pins[r.Handle] == 0 {
 			delete(d.sess.pins, r.Handle)
 		}
@@ -295,6 +330,7 @@ func (d *dataConn) handle() error {
 			return d.respondErr(err)
 		}
 		d.sess.res[res.Handle()] = res
+		d.sess.grant(d.s.grants, res.Handle(), grant{offset: uint64(res.Offset()), length: r.ValueLen, write: true})
 		return d.respond(nil, &wire.Response{ValueLen: r.ValueLen, Offset: uint64(res.Offset()), Handle: res.Handle()})
 	case wire.OpCommit:
 		res, ok := d.sess.res[r.Handle]
@@ -302,6 +338,7 @@ func (d *dataConn) handle() error {
 			d.s.metrics.dataOp(r.Op, codes.FailedPrecondition)
 			return d.respondErr(api.Errorf(api.ErrFailedPrecondition, "pool: no open reservation %d in this session", r.Handle))
 		}
+		d.sess.ungrant(d.s.grants, r.Handle, true)
 		delete(d.sess.res, r.Handle)
 		verify := r.Flags&wire.FlagChecksum != 0
 		cr, err := st.Commit(res, r.CRC, !verify && r.Flags&wire.FlagWriterChecksum != 0, r.CRC, verify)
@@ -313,6 +350,7 @@ func (d *dataConn) handle() error {
 		return d.respond(err, committed(cr, uint64(res.Size())))
 	case wire.OpAbort:
 		if res, ok := d.sess.res[r.Handle]; ok {
+			d.sess.ungrant(d.s.grants, r.Handle, true)
 			delete(d.sess.res, r.Handle)
 			st.Abort(res)
 		}

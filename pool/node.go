@@ -65,6 +65,7 @@ type Node struct {
 
 	doors   doors
 	gate    *gatekeeper // who may pass the doors
+	grants  *grants     // what peers may touch through transports; nil when open
 	grpcSrv *grpc.Server
 	health  *health.Server
 
@@ -134,7 +135,14 @@ func New(cfg Config) (*Node, error) {
 	peerTLS := n.gate.peerTLS()
 	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
 		TLS: peerTLS, Token: n.gate.peerToken})
-	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{TLS: peerTLS, Token: n.gate.peerToken})
+	var grpcAccess transfer.Access
+	if !n.gate.open {
+		n.grants = &grants{}
+		grpcAccess = func(ctx context.Context, kind transfer.Kind, region transfer.RegionID, offset, length uint64) error {
+			return n.grants.access(callerOf(ctx).Name)(ctx, kind, region, offset, length)
+		}
+	}
+	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{TLS: peerTLS, Token: n.gate.peerToken, Access: grpcAccess})
 	n.tcpT.Register(arenaRegion, seg.mem)
 	n.grpcT.Register(arenaRegion, seg.mem)
 	var pull, shmPull transfer.Transport = n.tcpT, nil
@@ -187,7 +195,7 @@ func New(cfg Config) (*Node, error) {
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
 		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: newSpinners(), hello: n.hello,
-		gate: n.gate,
+		gate: n.gate, grants: n.grants,
 	}
 
 	// The gRPC server: the services, each mapping its errors to codes
@@ -331,7 +339,11 @@ func (n *Node) Run(ctx context.Context) error {
 				n.log.Warn("transfer connection refused", "remote", remote(c), "err", err)
 				return err
 			}
-			err = n.tcpT.ServeConn(ctx, c)
+			var access transfer.Access
+			if n.grants != nil {
+				access = n.grants.access(id.Name)
+			}
+			err = n.tcpT.ServeConnAccess(ctx, c, access)
 			if err != nil {
 				n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
 			}

@@ -127,3 +127,40 @@ func FuzzDoors(f *testing.F) {
 	}
 	eventually.True(f, "no reservation left", 5*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 }
+
+func TestGrants(t *testing.T) {
+	var g grants
+	g.add("n1", grant{offset: 4096, length: 8192})
+	g.add("n1", grant{offset: 4096, length: 8192}) // held twice
+	g.add("n2", grant{offset: 0, length: 4096, write: true})
+	for _, tc := range []struct {
+		node           string
+		write          bool
+		offset, length uint64
+		want           bool
+	}{
+		{"n1", false, 4096, 8192, true},
+		{"n1", false, 8192, 4096, true},
+		{"n1", false, 4095, 2, false},
+		{"n1", false, 4096, 8193, false},
+		{"n1", false, 12288, 1, false},
+		{"n1", false, 1<<64 - 1, 2, false}, // no wrap-around
+		{"n1", true, 4096, 1, false},       // a read grant does not write
+		{"n2", true, 0, 4096, true},
+		{"n2", false, 0, 1, false},
+		{"n3", false, 4096, 1, false},
+	} {
+		if got := g.allows(tc.node, tc.write, tc.offset, tc.length); got != tc.want {
+			t.Errorf("%s write=%v [%d, +%d): %v, want %v", tc.node, tc.write, tc.offset, tc.length, got, tc.want)
+		}
+	}
+	g.remove("n1", grant{offset: 4096, length: 8192})
+	if !g.allows("n1", false, 4096, 1) {
+		t.Error("one hold of two removed: the grant must stay")
+	}
+	g.remove("n1", grant{offset: 4096, length: 8192})
+	g.remove("n2", grant{offset: 0, length: 4096, write: true})
+	if g.held() != 0 || g.allows("n1", false, 4096, 1) {
+		t.Errorf("%d grants left after every hold was removed", g.held())
+	}
+}

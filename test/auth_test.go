@@ -392,29 +392,45 @@ func TestAccessTable(t *testing.T) {
 }
 
 // A transfer connection (KVPT) without a node identity is refused before
-// any byte of the arena moves; one with a node certificate is served.
+// any byte of the arena moves; a node may read only what it pinned (and
+// only while it holds the pin), like an RDMA rkey.
 func TestTransferEndpointAdmitsOnlyNodes(t *testing.T) {
-	p := makePKI(t, "secure-2")
+	p := makePKI(t, "secure-2", "peer-2")
 	s := startServe(t, append([]string{"--standalone", "--capacity", "16MiB", "--node-id", "secure-2"}, p.serveArgs("secure-2")...)...)
-	// A read of region 1 (the arena), offset 0, 4096 bytes, as the tcp
-	// transport frames it.
-	read := make([]byte, 24) // kind u8, 3 zero bytes, region u32, offset u64, length u64
-	read[0] = byte(transfer.Read)
-	binary.LittleEndian.PutUint32(read[4:], 1)
-	binary.LittleEndian.PutUint64(read[16:], 4096)
-	try := func(tlsConfig *tls.Config, token string) (int, error) {
+	// read asks, as the tcp transport frames it (kind u8, 3 zero bytes,
+	// region u32, offset u64, length u64), for length bytes of the arena
+	// (region 1) at offset. It returns the response's status, or -1 when
+	// the connection closed first.
+	read := func(c net.Conn, offset, length uint64) int {
+		req := make([]byte, 24)
+		req[0] = byte(transfer.Read)
+		binary.LittleEndian.PutUint32(req[4:], 1)
+		binary.LittleEndian.PutUint64(req[8:], offset)
+		binary.LittleEndian.PutUint64(req[16:], length)
+		if _, err := c.Write(req); err != nil {
+			return -1
+		}
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		var resp [16]byte
+		if _, err := io.ReadFull(c, resp[:]); err != nil {
+			return -1
+		}
+		if resp[0] == 0 {
+			if _, err := io.ReadFull(c, make([]byte, length)); err != nil {
+				return -1
+			}
+		}
+		return int(resp[0])
+	}
+	dialKVPT := func(tlsConfig *tls.Config, token string) net.Conn {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		c, err := wire.DialPreamble(ctx, s.addr, transfer.TCPPreamble, tlsConfig, token)
 		if err != nil {
-			return 0, err
+			t.Fatal(err)
 		}
-		defer c.Close()
-		if _, err := c.Write(read); err != nil {
-			return 0, err
-		}
-		c.SetReadDeadline(time.Now().Add(3 * time.Second))
-		return io.ReadFull(c, make([]byte, 16+4096)) // the response header and the bytes
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
 	for _, tc := range []struct {
 		name  string
@@ -427,18 +443,57 @@ func TestTransferEndpointAdmitsOnlyNodes(t *testing.T) {
 		{"an admin's token", nil, p.bearer["ops-token"]},
 		{"a forged token", nil, "kvp_forged"},
 	} {
-		n, err := try(tc.tls, tc.token)
-		var ne net.Error
-		if n != 0 || err == nil || errors.As(err, &ne) && ne.Timeout() {
-			t.Errorf("%s: read %d bytes (%v); want the connection closed before any byte", tc.name, n, err)
+		if st := read(dialKVPT(tc.tls, tc.token), 0, 4096); st != -1 {
+			t.Errorf("%s: answered with status %d; want the connection closed before any byte", tc.name, st)
 		}
 	}
-	if n, err := try(p.clientTLS(t, "node-secure-2"), ""); n == 0 {
-		t.Errorf("a node's certificate: %d bytes (%v); want the read answered", n, err)
+	// A block acme stores; peer-2 pins it as a fetching node would.
+	acme, err := api.Dial(context.Background(), api.ClientConfig{Server: s.addr, Path: api.PathData, TLS: p.clientTLS(t, "tenant-acme")})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n, err := try(nil, p.bearer["peer-token"]); n == 0 {
-		t.Errorf("a node's token: %d bytes (%v); want the read answered", n, err)
+	defer acme.Close()
+	k := api.BlockKey{Tenant: "acme", Namespace: "n", Key: []byte("pinned")}
+	if err := acme.Put(context.Background(), k, randomBytes(8192)); err != nil {
+		t.Fatal(err)
 	}
+	peerTLS := p.clientTLS(t, "node-peer-2")
+	xfer := dialKVPT(peerTLS, "")
+	if st := read(xfer, 0, 4096); st != 2 {
+		t.Errorf("a node reading what it has not pinned: status %d, want 2 (no grant)", st)
+	}
+	ctx := context.Background()
+	pc, err := wire.Dial(ctx, s.addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: peerTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	pin, err := pc.RoundTrip(ctx, &wire.Request{Op: wire.OpView, Tenant: []byte("acme"), Namespace: []byte("n"), Key: []byte("pinned")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, size := pin.Offset, pin.ValueLen
+	for _, tc := range []struct {
+		name           string
+		offset, length uint64
+		want           int
+	}{
+		{"the pinned block", off, size, 0},
+		{"its second half", off + size/2, size / 2, 0},
+		{"one byte past it", off, size + 1, 2},
+		{"the bytes before it", off - min(off, 4096), min(off, 4096) + 1, 2},
+	} {
+		if tc.length == 1 && off == 0 {
+			continue
+		}
+		if st := read(xfer, tc.offset, tc.length); st != tc.want {
+			t.Errorf("%s [%d, +%d): status %d, want %d", tc.name, tc.offset, tc.length, st, tc.want)
+		}
+	}
+	if err := pc.Notify(&wire.Request{Op: wire.OpRelease, Handle: pin.Handle}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "the grant to end with the pin", 5*time.Second, func() bool { return read(xfer, off, size) == 2 })
 }
 
 // A token removed from the token file, or past its expiry, stops working
@@ -562,7 +617,7 @@ func TestEtcdWithTLS(t *testing.T) {
 	var nodes []*server
 	for _, id := range []string{"tls-a", "tls-b"} {
 		nodes = append(nodes, startServe(t, append([]string{"--node-id", id, "--etcd-endpoints", e.client, "--lease-ttl", "2s", "--capacity", "16MiB",
-			"--etcd-ca", p.file("ca.pem"), "--etcd-cert", p.file("node-"+id+".pem"), "--etcd-key", p.file("node-"+id+"-key.pem")}, p.serveArgs(id)...)...))
+			"--etcd-ca", p.file("ca.pem"), "--etcd-cert", p.file("node-" + id + ".pem"), "--etcd-key", p.file("node-" + id + "-key.pem")}, p.serveArgs(id)...)...))
 	}
 	c, err := api.Dial(context.Background(), api.ClientConfig{Server: nodes[0].addr, Path: api.PathData, TLS: p.clientTLS(t, "tenant-acme")})
 	if err != nil {

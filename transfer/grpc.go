@@ -95,6 +95,9 @@ type GRPCConfig struct {
 	TLS *tls.Config
 	// Token, when set, is sent with every call: this node's bearer token.
 	Token string
+	// Access, when set, checks every served request before any byte
+	// moves, with the call's context.
+	Access Access
 }
 
 // peerToken sends a node's token with every transfer call.
@@ -182,6 +185,11 @@ func (g *GRPC) requested(stream grpc.ServerStream, kind Kind) ([]byte, error) {
 	}
 	if k != kind {
 		return nil, api.Errorf(api.ErrInvalidArgument, "transfer: a %v header on a %v stream", k, kind)
+	}
+	if g.cfg.Access != nil {
+		if err := g.cfg.Access(stream.Context(), k, region, off, n); err != nil {
+			return nil, err
+		}
 	}
 	return g.slice(region, off, n)
 }

@@ -107,7 +107,7 @@ func (t *TCP) Deregister(id RegionID) { t.deregister(id) }
 //
 // A write's request is followed by its bytes; a successful read's
 // response is followed by its bytes. Status 0 is success, 1 a missing
-// region or range.
+// region or range, 2 a range the caller holds no grant for (Access).
 const (
 	tcpReqBytes  = 24
 	tcpRespBytes = 16
@@ -464,6 +464,8 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
 		s.op.b.Responded(0)
 		switch {
+		case status == 2:
+			s.finish(fmt.Errorf("%w: %s refused %v of region %d [%d, +%d): no grant", api.ErrPermissionDenied, c.addr, s.kind, s.region, s.offset, len(s.local)))
 		case status != 0:
 			s.finish(fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))
 		case s.kind == Read && n != uint64(len(s.local)):
@@ -508,7 +510,12 @@ func readPieces(r io.Reader, dst []byte) (int, error) {
 
 // ServeConn serves a peer's requests on c, after its preamble, until the
 // peer closes it or ctx ends. It returns when the connection is done.
-func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error {
+func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error { return t.ServeConnAccess(ctx, c, nil) }
+
+// ServeConnAccess is ServeConn with every request checked by access
+// first: a refused one is answered with status 2 (its write's bytes read
+// and dropped) and no byte of the region moves.
+func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) error {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	br := bufio.NewReaderSize(c, 4<<10)
@@ -535,10 +542,19 @@ func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error {
 		if (kind != Read && kind != Write) || req[1]|req[2]|req[3] != 0 {
 			return fmt.Errorf("transfer: malformed request from %s", c.RemoteAddr())
 		}
-		mem, err := t.slice(region, off, n)
+		var mem []byte
+		if access != nil {
+			err = access(ctx, kind, region, off, n)
+		}
+		if err == nil {
+			mem, err = t.slice(region, off, n)
+		}
 		clear(resp[:])
 		if err != nil {
 			resp[0] = 1
+			if errors.Is(err, api.ErrPermissionDenied) {
+				resp[0] = 2
+			}
 			if kind == Write { // keep the stream in step
 				if junk == nil {
 					junk = make([]byte, 64<<10)

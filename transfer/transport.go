@@ -14,6 +14,13 @@ import (
 // RegionID names registered memory, like an RDMA rkey.
 type RegionID uint32
 
+// Access decides whether the caller of a served request may touch
+// [offset, +length) of region in direction kind; a non-nil error refuses
+// it before any byte moves. A nil Access allows everything. The caller's
+// identity comes from ctx (gRPC) or from the connection it was made for
+// (tcp).
+type Access func(ctx context.Context, kind Kind, region RegionID, offset, length uint64) error
+
 // Kind is an op's direction.
 type Kind uint8
 

@@ -1,0 +1,88 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/transfer"
+)
+
+// grants are what each peer node may touch of this node's arena through
+// a transport, scoped like RDMA rkeys: a read of a block it pinned (View
+// on the data channel), a write into a reservation it made for a
+// replica. A grant lives as long as its pin or reservation. Only a secured
+// node keeps them: an open one lets every caller read and write anything.
+// Safe for concurrent use.
+type grants struct {
+	mu     sync.Mutex
+	byNode map[string]map[grant]int // node id -> grant -> holds
+}
+
+// grant is one range of the arena and the direction it may move.
+type grant struct {
+	offset, length uint64
+	write          bool
+}
+
+func (g *grants) add(node string, gr grant) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.byNode == nil {
+		g.byNode = map[string]map[grant]int{}
+	}
+	m := g.byNode[node]
+	if m == nil {
+		m = map[grant]int{}
+		g.byNode[node] = m
+	}
+	m[gr]++
+}
+
+func (g *grants) remove(node string, gr grant) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m := g.byNode[node]
+	if m[gr]--; m[gr] <= 0 {
+		delete(m, gr)
+	}
+	if len(m) == 0 {
+		delete(g.byNode, node)
+	}
+}
+
+// allows reports whether node holds a grant covering [offset, +length)
+// in direction write.
+func (g *grants) allows(node string, write bool, offset, length uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for gr := range g.byNode[node] {
+		if gr.write == write && offset >= gr.offset && length <= gr.length && offset-gr.offset <= gr.length-length {
+			return true
+		}
+	}
+	return false
+}
+
+// held counts the grants in force, for tests and stats.
+func (g *grants) held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, m := range g.byNode {
+		n += len(m)
+	}
+	return n
+}
+
+// access is the transports' check of one served request from node:
+// only the arena, only within a grant. nil when the node runs open.
+func (g *grants) access(node string) transfer.Access {
+	return func(_ context.Context, kind transfer.Kind, region transfer.RegionID, offset, length uint64) error {
+		if region != arenaRegion || !g.allows(node, kind == transfer.Write, offset, length) {
+			return fmt.Errorf("%w: node %s holds no grant to %v region %d [%d, +%d)", api.ErrPermissionDenied, node, kind, region, offset, length)
+		}
+		return nil
+	}
+}

@@ -282,12 +282,29 @@ func (d *dataConn) authorize() error {
 	return nil
 }
 
+// refusalLinger is how long a refused connection's input is drained
+// before it closes.
+const refusalLinger = 200 * time.Millisecond
+
+// linger half-closes the connection after a refusal and drains, for a
+// moment, what the client had already sent (a put's value): closing with
+// unread input would reset the connection, and the reset can destroy the
+// answer before the client reads why it was refused.
+func (d *dataConn) linger() {
+	if cw, ok := d.c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	d.c.SetReadDeadline(time.Now().Add(refusalLinger))
+	io.Copy(io.Discard, d.br)
+}
+
 // handle serves d.req. A returned error means the connection must close.
 func (d *dataConn) handle() error {
 	r, st := &d.req, d.s.store
 	if err := d.authorize(); err != nil {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		d.respondClose(err)
+		d.linger()
 		return errRefused
 	}
 	switch r.Op {

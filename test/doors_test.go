@@ -402,3 +402,53 @@ func TestIdleAndTruncatedOnEveryDoor(t *testing.T) {
 		t.Errorf("the shm transfer door holds %v connections after its clients left", o)
 	}
 }
+
+// A thousand transfer connections that say their preamble and then
+// nothing (or half a request) are all closed at the deadline, and the
+// daemon's goroutines come back down: before, every one stayed open.
+func TestThousandIdleTransferConnections(t *testing.T) {
+	const n, idle, io = 1000, time.Second, time.Second
+	s := startServe(t, "--standalone", "--capacity", "16MiB", "--idle-timeout", idle.String(), "--io-timeout", io.String())
+	before, ok := metricValue(s.metrics, "go_goroutines")
+	if !ok {
+		t.Fatal("no go_goroutines metric")
+	}
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(transfer.TCPPreamble[:])
+		if i%2 == 1 {
+			c.Write([]byte{1, 0, 0}) // half a request
+		}
+		conns = append(conns, c)
+	}
+	start := time.Now()
+	peak, _ := metricValue(s.metrics, "go_goroutines")
+	var wg sync.WaitGroup
+	closed := make([]bool, n)
+	for i, c := range conns {
+		wg.Go(func() { closed[i] = closedBy(c, idle+5*time.Second) })
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for i, ok := range closed {
+		if !ok {
+			t.Fatalf("connection %d still open %v after it went quiet", i, took.Round(time.Millisecond))
+		}
+	}
+	var after float64
+	eventually.True(t, "the daemon's goroutines to come back down", 10*time.Second, func() bool {
+		after, _ = metricValue(s.metrics, "go_goroutines")
+		return after <= before+5
+	})
+	t.Logf("%d quiet transfer connections (half with half a request) all closed within %v; goroutines %.0f before, %.0f with them open, %.0f after",
+		n, took.Round(10*time.Millisecond), before, peak, after)
+}

@@ -24,8 +24,6 @@ import (
 type serveOptions struct {
 	logLevel, logFormat string
 	etcdEndpoints       []string
-	// TLS and credentials for an external etcd.
-	etcdCA, etcdCert, etcdKey, etcdUser, etcdPasswordFile string
 	dataDir             string
 	embeddedEtcdListen  string
 	standalone          bool
@@ -33,6 +31,10 @@ type serveOptions struct {
 	// From the config file only: inline model profiles and curves.
 	models []cost.Model
 	curves []cost.Curve
+
+	// TLS and credentials for an external etcd.
+	etcdCA, etcdCert, etcdKey  string
+	etcdUser, etcdPasswordFile string
 }
 
 // setting is one knob of node serve: the flag --name, the config file's

@@ -1,19 +1,23 @@
 package test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -637,5 +641,42 @@ func TestEtcdWithTLS(t *testing.T) {
 	})
 	if e.epoch("tls-a") == 0 || e.epoch("tls-b") == 0 {
 		t.Fatal("the daemons are not registered in the TLS etcd")
+	}
+}
+
+// Beyond loopback, serve refuses to run open: exit 2 and what to do about
+// it; with --insecure it starts, and warns in one line.
+func TestServeRefusesToRunOpenBeyondLoopback(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"node", "serve", "--standalone", "--capacity", "16MiB", "--listen", "0.0.0.0:0", "--metrics-listen", "",
+		"--shm-socket", filepath.Join(dir, "s.sock"), "--log-format", "json"}
+	r := kv(t, nil, base...)
+	if r.code != 2 || !strings.Contains(r.stderr, "beyond loopback, needs TLS") || !strings.Contains(r.stderr, "--insecure") {
+		t.Fatalf("open on 0.0.0.0: exit %d, stderr %q; want 2 and how to fix it", r.code, r.stderr)
+	}
+	cmd := exec.Command(kvpoolBin(t), append(base, "--insecure", "--node-id", "insecure-1")...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	warned := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["level"] == "WARN" && strings.Contains(fmt.Sprint(rec["msg"]), "running open to the network") {
+				warned <- sc.Text()
+			}
+		}
+	}()
+	select {
+	case line := <-warned:
+		t.Logf("with --insecure: %s", line)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve --insecure did not warn that it runs open within 30 s")
 	}
 }

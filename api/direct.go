@@ -141,7 +141,7 @@ func (c *Client) holderClient(ctx context.Context, h Holder) (*Client, error) {
 			path = c.cfg.Path
 		}
 		hc, err := Dial(ctx, ClientConfig{Server: h.Addr, Path: path, MaxIdleConns: directWorkers, DialTimeout: min(c.cfg.DialTimeout, directDialTimeout),
-			VerifySharedReads: true, Logger: c.cfg.Logger, DialOptions: c.cfg.DialOptions})
+			VerifySharedReads: true, Logger: c.cfg.Logger, DialOptions: c.cfg.DialOptions, TLS: c.cfg.TLS, Token: c.cfg.Token})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()

@@ -680,3 +680,42 @@ func TestServeRefusesToRunOpenBeyondLoopback(t *testing.T) {
 		t.Fatal("serve --insecure did not warn that it runs open within 30 s")
 	}
 }
+
+// securedClusterTests are the tests on in-process clusters (cluster.New),
+// run again by TestClusterTestsWithMutualTLS with every node secured.
+var securedClusterTests = []string{
+	"TestClusterLocality", "TestReportLoadReachesEveryDaemon", "TestExternalEtcdProcess", "TestThreeMemberEtcdLosesAMember",
+	"TestDaemonCrash", "TestEtcdOutage", "TestCompactionWhileDisconnected", "TestRestartWithSameID", "TestMalformedRecords",
+	"TestRestartOnNewGossipPort", "TestFetchPullsFromTheHolderAndPublishesAReplica", "TestFetchCorruptionRetriesAnotherReplica",
+	"TestFetchFromADeadOrStalledHolder", "TestPutWithReplicas", "TestGetDirectReadsFromTheHolders", "TestPlanMatchesExecution",
+	"TestPlanRPCValidation", "TestLivePolicyChangeReachesEveryDaemon",
+}
+
+// The cluster tests pass with mutual TLS everywhere: every node with a
+// node certificate, every client and CLI call with an admin's, transfers
+// between nodes under their grants. The test binary runs them again with
+// KVPOOL_SECURE_CLUSTER=1.
+func TestClusterTestsWithMutualTLS(t *testing.T) {
+	if os.Getenv("KVPOOL_SECURE_CLUSTER") != "" {
+		t.Skip("already secured")
+	}
+	if testing.Short() {
+		t.Skip("the cluster tests are skipped under -short")
+	}
+	listed, err := exec.Command(os.Args[0], "-test.list", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range securedClusterTests {
+		if !slices.Contains(strings.Fields(string(listed)), name) {
+			t.Fatalf("%s is not a test any more: update securedClusterTests", name)
+		}
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^("+strings.Join(securedClusterTests, "|")+")$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), "KVPOOL_SECURE_CLUSTER=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the cluster tests with mutual TLS: %v\n%s", err, out)
+	}
+	t.Logf("%d cluster tests passed with mutual TLS everywhere", len(securedClusterTests))
+}

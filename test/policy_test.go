@@ -22,7 +22,7 @@ func TestLivePolicyChangeReachesEveryDaemon(t *testing.T) {
 	// records when it applied the change. Both clocks are this host's.
 	kvpoolBin(t)
 	cliStart := time.Now()
-	r := mustOK(t, kv(t, nil, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB",
+	r := mustOK(t, adminCLI(t, c, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB",
 		"--high", "0.9", "--low", "0.5", "--ttl", "1h", "--json"))
 	var setOut struct {
 		StoredUnixMs int64 `json:"stored_unix_ms"`
@@ -60,7 +60,7 @@ func TestLivePolicyChangeReachesEveryDaemon(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		r = mustOK(t, kv(t, nil, "stats", "--server", c.Nodes[i].Node.Addr().String(), "--json"))
+		r = mustOK(t, adminCLI(t, c, "stats", "--server", c.Nodes[i].Node.Addr().String(), "--json"))
 		var st struct {
 			Tenants []struct {
 				Tenant      string `json:"tenant"`
@@ -110,19 +110,19 @@ func TestLivePolicyChangeReachesEveryDaemon(t *testing.T) {
 	})
 
 	// get, list, delete; the answering daemon's tenants in admin stats.
-	r = mustOK(t, kv(t, nil, "admin", "policy", "get", "--server", c.Nodes[2].Node.Addr().String(), "--tenant", "acme", "--json"))
+	r = mustOK(t, adminCLI(t, c, "admin", "policy", "get", "--server", c.Nodes[2].Node.Addr().String(), "--tenant", "acme", "--json"))
 	if !strings.Contains(r.stdout, `"policy": "lfu"`) || !strings.Contains(r.stdout, `"quota_bytes": 2097152`) {
 		t.Fatalf("policy get: %s", r.stdout)
 	}
-	r = mustOK(t, kv(t, nil, "admin", "policy", "list", "--server", addr))
+	r = mustOK(t, adminCLI(t, c, "admin", "policy", "list", "--server", addr))
 	if !strings.Contains(r.stdout, "acme") || !strings.Contains(r.stdout, "2.0 MiB") {
 		t.Fatalf("policy list: %s", r.stdout)
 	}
-	r = mustOK(t, kv(t, nil, "admin", "stats", "--server", addr))
+	r = mustOK(t, adminCLI(t, c, "admin", "stats", "--server", addr))
 	if !strings.Contains(r.stdout, "tenants on node-0") || !strings.Contains(r.stdout, "acme") {
 		t.Fatalf("admin stats: %s", r.stdout)
 	}
-	mustOK(t, kv(t, nil, "admin", "policy", "delete", "--server", addr, "--tenant", "acme"))
+	mustOK(t, adminCLI(t, c, "admin", "policy", "delete", "--server", addr, "--tenant", "acme"))
 	c.Eventually("every daemon falls back to the default", 5*time.Second, func() bool {
 		for _, d := range c.Running() {
 			for _, ts := range d.Node.Store().TenantStats() {
@@ -147,8 +147,15 @@ func TestLivePolicyChangeReachesEveryDaemon(t *testing.T) {
 			t.Errorf("policy %v: exit %d, %s", bad, r.code, r.stderr)
 		}
 	}
-	r = kv(t, nil, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "mru", "--quota", "1GiB", "--high", "0.5", "--low", "0.8")
+	r = adminCLI(t, c, "admin", "policy", "set", "--server", addr, "--tenant", "acme", "--policy", "mru", "--quota", "1GiB", "--high", "0.5", "--low", "0.8")
 	if r.code == 0 || !strings.Contains(r.stderr, "invalid argument") || !strings.Contains(r.stderr, `unknown policy "mru"`) {
 		t.Errorf("invalid policy: exit %d, %s", r.code, r.stderr)
 	}
+}
+
+// adminCLI runs the CLI against cluster c with the credentials it needs
+// there.
+func adminCLI(t *testing.T, c *cluster.Cluster, args ...string) result {
+	t.Helper()
+	return kv(t, nil, append(args, c.CLIFlags()...)...)
 }

@@ -8,6 +8,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,6 +23,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/metadata/embedded"
@@ -43,12 +46,19 @@ type Config struct {
 	// EtcdEndpoints, when set, returns the endpoints node i's etcd client
 	// uses (a Proxy, say) instead of the cluster's.
 	EtcdEndpoints func(i int, endpoints []string) []string
+	// Secure runs every node with mutual TLS (a CA, node certificates,
+	// and clients that present an admin's certificate), as a production
+	// cluster would. Also on with KVPOOL_SECURE_CLUSTER=1, so the whole
+	// cluster suite can be run secured.
+	Secure bool
 }
 
 // Cluster is a running test cluster.
 type Cluster struct {
 	t         testing.TB
 	cfg       Config
+	pki       string      // with Secure: the directory of the CA and certificates
+	clientTLS *tls.Config // with Secure: what Client dials with
 	Etcd      *embedded.Etcd
 	etcdDir   string
 	Endpoints []string
@@ -82,7 +92,11 @@ func New(t testing.TB, cfg Config) *Cluster {
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = 2 * time.Second
 	}
+	cfg.Secure = cfg.Secure || os.Getenv("KVPOOL_SECURE_CLUSTER") == "1"
 	c := &Cluster{t: t, cfg: cfg, Endpoints: cfg.Endpoints}
+	if cfg.Secure {
+		c.makePKI()
+	}
 	if len(c.Endpoints) == 0 {
 		c.etcdDir = t.TempDir()
 		c.StartEtcd("http://127.0.0.1:0")
@@ -148,6 +162,13 @@ func (c *Cluster) start(id string, i int) *Daemon {
 	pc.Etcd = cli
 	pc.LeaseTTL = c.cfg.LeaseTTL
 	pc.Logger = slog.New(slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if c.cfg.Secure {
+		if err := c.ca().Issue(c.pki, id, auth.Identity{Role: auth.RoleNode, Name: id}, auth.DefaultTrustDomain, []string{"127.0.0.1"}, true, time.Hour); err != nil {
+			c.t.Fatal(err)
+		}
+		pc.TLSCertFile, pc.TLSKeyFile = filepath.Join(c.pki, id+".pem"), filepath.Join(c.pki, id+"-key.pem")
+		pc.ClientCAFile = filepath.Join(c.pki, "ca.pem")
+	}
 	if c.cfg.Mutate != nil {
 		c.cfg.Mutate(i, &pc)
 	}
@@ -208,12 +229,53 @@ func (c *Cluster) Restart(i int) *Daemon {
 // Client dials node i.
 func (c *Cluster) Client(i int, path api.Path) *api.Client {
 	c.t.Helper()
-	cli, err := api.Dial(context.Background(), api.ClientConfig{Server: c.Nodes[i].Node.Addr().String(), Path: path})
+	cli, err := api.Dial(context.Background(), c.ClientConfig(i, path))
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// ClientConfig is how a client reaches node i: with an admin's
+// certificate on a Secure cluster.
+func (c *Cluster) ClientConfig(i int, path api.Path) api.ClientConfig {
+	return api.ClientConfig{Server: c.Nodes[i].Node.Addr().String(), Path: path, TLS: c.clientTLS}
+}
+
+// CLIFlags are the credential flags the CLI needs to reach the cluster's
+// nodes: an admin's certificate on a Secure cluster, none otherwise.
+func (c *Cluster) CLIFlags() []string {
+	if !c.cfg.Secure {
+		return nil
+	}
+	return []string{"--tls-ca", filepath.Join(c.pki, "ca.pem"), "--tls-cert", filepath.Join(c.pki, "admin.pem"), "--tls-key", filepath.Join(c.pki, "admin-key.pem")}
+}
+
+// makePKI makes the Secure cluster's CA and the admin certificate its
+// clients present.
+func (c *Cluster) makePKI() {
+	c.t.Helper()
+	c.pki = c.t.TempDir()
+	ca := c.ca()
+	if err := ca.Issue(c.pki, "admin", auth.Identity{Role: auth.RoleAdmin, Name: "test"}, auth.DefaultTrustDomain, nil, false, time.Hour); err != nil {
+		c.t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(c.pki, "admin.pem"), filepath.Join(c.pki, "admin-key.pem"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	c.clientTLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+}
+
+func (c *Cluster) ca() *auth.CA {
+	ca, err := auth.LoadOrMakeCA(c.pki, time.Hour)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return ca
 }
 
 // WaitNodes waits until every running daemon's mirror lists n nodes.

@@ -118,6 +118,19 @@ func (c *cluster) run(ctx context.Context, g *services) {
 
 func (c *cluster) Nodes() []metadata.NodeInfo { return c.mirror.Nodes() }
 
+// zoneOf is the zone of the node that serves addr (its advertised
+// address); "" when no node known serves it.
+func (c *cluster) zoneOf(addr string) string {
+	for _, ni := range c.mirror.Nodes() {
+		for _, a := range ni.Record.Addrs {
+			if a == addr {
+				return ni.Record.Zone
+			}
+		}
+	}
+	return ""
+}
+
 func (c *cluster) Holders(tenant, namespace string, key []byte) []metadata.NodeRecord {
 	return c.mirror.Holders(tenant, namespace, key)
 }

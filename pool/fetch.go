@@ -75,11 +75,12 @@ type fetcher struct {
 // of transfers.
 // creds are how this node identifies itself to its peers (see
 // gatekeeper.peerCredentials).
-func newPeerPool(tlsConfig *tls.Config, token string) *wire.Pool {
-	// Status makes a peer's refusals arrive as the same sentinel errors as
-	// everywhere else (the one table).
-	cfg := wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsConfig, Token: token}
-	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) { return wire.Dial(ctx, addr, cfg) }}
+func newPeerPool(tlsFor func(addr string) *tls.Config, token string) *wire.Pool {
+	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) {
+		// Status makes a peer's refusals arrive as the same sentinel
+		// errors as everywhere else (the one table).
+		return wire.Dial(ctx, addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsFor(addr), Token: token})
+	}}
 }
 
 // Fetch makes the blocks under keys local. Each missing key is pulled from

@@ -38,6 +38,9 @@ type doors struct {
 	log              *slog.Logger
 	// acceptFailed counts a failed accept of a door; nil counts nothing.
 	acceptFailed func(door string)
+	// sorted counts a TCP connection once its protocol is known; nil
+	// counts nothing.
+	sorted func(protocol string, tls bool)
 	// limits caps the open connections per door and per remote address.
 	limits connLimits
 	// tasks runs every goroutine serving a connection (and the helpers of
@@ -221,8 +224,14 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 		c.SetDeadline(time.Time{})
 		return d.sniff(ctx, tc, release, data, xfer)
 	}
+	count := func(protocol string) {
+		if d.sorted != nil {
+			d.sorted(protocol, tlsConnOf(c) != nil)
+		}
+	}
 	switch {
 	case bytes.Equal(first[:4], wire.Preamble[:4]):
+		count("data")
 		token, err := readPreamble(c, &first, wire.Preamble)
 		if err != nil {
 			d.log.Warn("data connection with a bad preamble", "remote", remote(c), "err", err)
@@ -231,6 +240,7 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 		setNoDelay(c)
 		data(c, token)
 	case bytes.Equal(first[:4], transfer.TCPPreamble[:4]):
+		count("transfer")
 		if token, err := readPreamble(c, &first, transfer.TCPPreamble); err == nil {
 			c.SetReadDeadline(time.Time{})
 			setNoDelay(c)
@@ -238,6 +248,7 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 		}
 	default:
 		// Not ours: gRPC owns it from here, replaying the bytes we read.
+		count("grpc")
 		c.SetReadDeadline(time.Time{})
 		return d.grpc.deliver(&prefixConn{Conn: c, prefix: first[:k], release: release})
 	}

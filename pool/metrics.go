@@ -30,6 +30,7 @@ type metrics struct {
 	badPolicies   prometheus.Counter
 	acceptErrors  *prometheus.CounterVec // by door
 	refusedConns  *prometheus.CounterVec // by door and reason
+	accepted      *prometheus.CounterVec // by what a TCP connection turned out to be
 	logsDropped   prometheus.Counter
 }
 
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_pool_accept_errors_total",
 			Help: "Failed accepts, by door (tcp, shm): out of file descriptors or memory, or a connection reset before it was accepted. The door backs off and keeps serving.",
 		}, []string{"door"}),
+		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_pool_accepted_connections_total",
+			Help: "Connections on the TCP port that said what they are, by protocol (grpc, data, transfer) and security (tls, plaintext).",
+		}, []string{"protocol", "security"}),
 		refusedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_refused_connections_total",
 			Help: "Connections closed as soon as they were accepted, by door and reason: door_full (the door holds --max-conns) or remote_full (the remote address holds --max-conns-per-remote).",
@@ -77,7 +82,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.logsDropped, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

@@ -111,6 +111,13 @@ func New(cfg Config) (*Node, error) {
 	n.doors.tls = n.gate.tls
 	n.doors.handshakeTimeout, n.doors.log = cfg.HandshakeTimeout, n.log
 	n.doors.acceptFailed = func(door string) { n.metrics.acceptErrors.WithLabelValues(door).Inc() }
+	n.doors.sorted = func(protocol string, tls bool) {
+		security := "plaintext"
+		if tls {
+			security = "tls"
+		}
+		n.metrics.accepted.WithLabelValues(protocol, security).Inc()
+	}
 	n.doors.limits = connLimits{perDoor: cfg.MaxConnsPerDoor, perRemote: cfg.MaxConnsPerRemote,
 		refused: func(door, reason string) { n.metrics.refusedConns.WithLabelValues(door, reason).Inc() }}
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
@@ -132,9 +139,9 @@ func New(cfg Config) (*Node, error) {
 
 	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
-	peerTLS := n.gate.peerTLS()
+	peerTLS := n.peerTLSFor(n.gate.peerTLS())
 	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
-		TLS: peerTLS, Token: n.gate.peerToken})
+		TLSFor: peerTLS, Token: n.gate.peerToken})
 	var grpcAccess transfer.Access
 	if !n.gate.open {
 		n.grants = &grants{}
@@ -142,7 +149,7 @@ func New(cfg Config) (*Node, error) {
 			return n.grants.access(callerOf(ctx).Name)(ctx, kind, region, offset, length)
 		}
 	}
-	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{TLS: peerTLS, Token: n.gate.peerToken, Access: grpcAccess})
+	n.grpcT = transfer.NewGRPC(transfer.GRPCConfig{TLSFor: peerTLS, Token: n.gate.peerToken, Access: grpcAccess})
 	n.tcpT.Register(arenaRegion, seg.mem)
 	n.grpcT.Register(arenaRegion, seg.mem)
 	var pull, shmPull transfer.Transport = n.tcpT, nil

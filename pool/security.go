@@ -54,11 +54,28 @@ type SecurityConfig struct {
 	// nodes by token. With a TLS certificate and a client CA the node also
 	// presents its certificate, which must name it as a node.
 	PeerTokenFile string
+	// DataEncryption says which of this node's bulk connections to peers
+	// (pins, reservations and the transfers themselves) run through TLS:
+	// "always" (the default), "cross-zone" (only to peers in another zone
+	// or of unknown zone; inside a zone, plaintext with the peer token, as
+	// RDMA inside a rack is) or "never". Calls from clients are TLS
+	// whenever they choose it.
+	DataEncryption string
 }
+
+// Values of SecurityConfig.DataEncryption.
+const (
+	EncryptAlways    = "always"
+	EncryptCrossZone = "cross-zone"
+	EncryptNever     = "never"
+)
 
 func (c *SecurityConfig) fill() {
 	if c.TrustDomain == "" {
 		c.TrustDomain = auth.DefaultTrustDomain
+	}
+	if c.DataEncryption == "" {
+		c.DataEncryption = EncryptAlways
 	}
 }
 
@@ -75,6 +92,15 @@ func (c *SecurityConfig) validate(listen string) []error {
 	}
 	if err := api.ValidateName("trust domain", c.TrustDomain); err != nil {
 		p.add("%v", err)
+	}
+	switch c.DataEncryption {
+	case EncryptAlways:
+	case EncryptCrossZone, EncryptNever:
+		if !c.open() && c.PeerTokenFile == "" {
+			p.add("data encryption %q sends bulk bytes to some peers in plaintext, where a node proves who it is with its token: give a peer token file", c.DataEncryption)
+		}
+	default:
+		p.add("data encryption %q: want always, cross-zone or never", c.DataEncryption)
 	}
 	if !c.Insecure && !isLoopback(listen) && (c.TLSCertFile == "" || c.open()) {
 		p.add("listening on %s, beyond loopback, needs TLS (a certificate and key) and credentials (a client CA or a token file); "+
@@ -464,4 +490,21 @@ func (insecureInfo) AuthType() string { return "insecure" }
 // a TLS handshake record: content type 22, major version 3.
 func isTLSClientHello(first []byte) bool {
 	return len(first) >= 2 && first[0] == 0x16 && first[1] == 0x03
+}
+
+// peerTLSFor decides, per peer address, whether this node's bulk
+// connections to it run through tls (DataEncryption): nil means plaintext,
+// where the node identifies itself by its peer token. A peer whose zone is
+// unknown gets TLS.
+func (n *Node) peerTLSFor(peer *tls.Config) func(addr string) *tls.Config {
+	mode, zone := n.cfg.DataEncryption, n.cfg.Zone
+	return func(addr string) *tls.Config {
+		switch {
+		case peer == nil || mode == EncryptNever:
+			return nil
+		case mode == EncryptCrossZone && zone != "" && n.cluster != nil && n.cluster.zoneOf(addr) == zone:
+			return nil
+		}
+		return peer
+	}
 }

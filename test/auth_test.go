@@ -29,10 +29,15 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/test/cluster"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -718,4 +723,92 @@ func TestClusterTestsWithMutualTLS(t *testing.T) {
 		t.Fatalf("the cluster tests with mutual TLS: %v\n%s", err, out)
 	}
 	t.Logf("%d cluster tests passed with mutual TLS everywhere", len(securedClusterTests))
+}
+
+// --data-encryption decides which bulk connections between nodes run
+// through TLS: always; never (plaintext, nodes known by their peer
+// tokens); cross-zone (plaintext inside a zone, TLS across zones). The
+// nodes' own counters of what connected say which.
+func TestDataEncryptionPerLinkClass(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		zones []string
+		// want is, per fetch (node 1 from node 0, then node 2 from node 0),
+		// whether its transfer connections were TLS.
+		want [2]bool
+	}{
+		{"always", []string{"a", "a", "b"}, [2]bool{true, true}},
+		{"never", []string{"a", "a", "b"}, [2]bool{false, false}},
+		{"cross-zone", []string{"a", "a", "b"}, [2]bool{false, true}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			dir := t.TempDir()
+			var lines []string
+			peerFiles := make([]string, 3)
+			for i := range 3 {
+				id := fmt.Sprintf("node-%d", i)
+				tok, line, err := auth.NewToken("peer-"+id, auth.Identity{Role: auth.RoleNode, Name: id}, time.Time{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines = append(lines, line)
+				peerFiles[i] = filepath.Join(dir, id+".token")
+				if err := os.WriteFile(peerFiles[i], []byte(tok), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tokens := filepath.Join(dir, "tokens")
+			if err := os.WriteFile(tokens, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			regs := make([]*prometheus.Registry, 3)
+			c := cluster.New(t, cluster.Config{Nodes: 3, Secure: true, Mutate: func(i int, pc *pool.Config) {
+				regs[i] = prometheus.NewRegistry()
+				pc.Registerer, pc.Gatherer = regs[i], regs[i]
+				pc.Zone, pc.DataEncryption = tc.zones[i], tc.mode
+				pc.TokenFile, pc.PeerTokenFile = tokens, peerFiles[i]
+			}})
+			keys := chainKeys(t, 61, 2)
+			putChain(t, c.Client(0, api.PathData), keys)
+			c.Converged(10 * time.Second)
+			transfers := func(security string) float64 {
+				mfs, err := regs[0].Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, mf := range mfs {
+					if mf.GetName() != "kvpool_pool_accepted_connections_total" {
+						continue
+					}
+					for _, m := range mf.GetMetric() {
+						labels := map[string]string{}
+						for _, l := range m.GetLabel() {
+							labels[l.GetName()] = l.GetValue()
+						}
+						if labels["protocol"] == "transfer" && labels["security"] == security {
+							return m.GetCounter().GetValue()
+						}
+					}
+				}
+				return 0
+			}
+			for i, fetcher := range []int{1, 2} {
+				tlsBefore, plainBefore := transfers("tls"), transfers("plaintext")
+				res, err := c.Client(fetcher, api.PathData).Fetch(context.Background(), "acme", "llama3-8b", keys, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range res {
+					if r.Err != nil {
+						t.Fatalf("node-%d fetching: %v", fetcher, r.Err)
+					}
+				}
+				gotTLS, gotPlain := transfers("tls")-tlsBefore, transfers("plaintext")-plainBefore
+				if (gotTLS > 0) != tc.want[i] || (gotPlain > 0) == tc.want[i] {
+					t.Errorf("node-%d (zone %s) fetching from node-0 (zone %s): %v TLS and %v plaintext transfer connections; want TLS %v",
+						fetcher, tc.zones[fetcher], tc.zones[0], gotTLS, gotPlain, tc.want[i])
+				}
+			}
+		})
+	}
 }

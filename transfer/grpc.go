@@ -93,6 +93,9 @@ type GRPCConfig struct {
 	// TLS, when set, dials peers through TLS with this configuration
 	// (this node's certificate identifies it as a node).
 	TLS *tls.Config
+	// TLSFor, when set, decides per peer address instead of TLS (nil:
+	// plaintext).
+	TLSFor func(addr string) *tls.Config
 	// Token, when set, is sent with every call: this node's bearer token.
 	Token string
 	// Access, when set, checks every served request before any byte
@@ -246,8 +249,12 @@ func (g *GRPC) connLocked(addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	creds := insecure.NewCredentials()
-	if g.cfg.TLS != nil {
-		creds = credentials.NewTLS(g.cfg.TLS)
+	tlsConfig := g.cfg.TLS
+	if g.cfg.TLSFor != nil {
+		tlsConfig = g.cfg.TLSFor(addr)
+	}
+	if tlsConfig != nil {
+		creds = credentials.NewTLS(tlsConfig)
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})),

@@ -46,6 +46,9 @@ type TCPConfig struct {
 	// TLS, when set, runs each connection to a peer through TLS (with
 	// this node's certificate, which identifies it as a node).
 	TLS *tls.Config
+	// TLSFor, when set, decides per peer address instead of TLS (nil:
+	// plaintext).
+	TLSFor func(addr string) *tls.Config
 	// Token, when set, is sent in each connection's preamble: this node's
 	// bearer token, for peers that identify nodes by token.
 	Token string
@@ -338,7 +341,11 @@ func (c *tcpConn) fail(err error) {
 
 func (c *tcpConn) run() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.t.cfg.DialTimeout)
-	nc, err := wire.DialPreamble(ctx, c.addr, TCPPreamble, c.t.cfg.TLS, c.t.cfg.Token)
+	tlsConfig := c.t.cfg.TLS
+	if c.t.cfg.TLSFor != nil {
+		tlsConfig = c.t.cfg.TLSFor(c.addr)
+	}
+	nc, err := wire.DialPreamble(ctx, c.addr, TCPPreamble, tlsConfig, c.t.cfg.Token)
 	cancel()
 	if err != nil {
 		close(c.ready)

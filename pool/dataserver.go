@@ -160,7 +160,7 @@ func (s *session) ungrant(g *grants, handle uint64, last bool) {
 func (s *dataServer) serveShm(c *net.UnixConn) {
 	sess := newSession()
 	if s.gate != nil && !s.gate.open {
-		sess.caller, sess.callerErr = localCaller(c)
+		sess.caller, sess.callerErr = localCaller(c, s.gate.shmAllow)
 	}
 	hello, fds := s.hello()
 	c.SetWriteDeadline(time.Now().Add(s.ioTimeout))
@@ -174,12 +174,12 @@ func (s *dataServer) serveShm(c *net.UnixConn) {
 }
 
 // localCaller identifies a same-host client on the shm socket by its
-// uid (SO_PEERCRED). A process of the node's own user could read the
-// node's memory anyway, and any client of the socket maps the whole
-// arena: it is trusted with everything (admin). Any other uid is refused.
-// The socket file is mode 0600 on a secured node, so the kernel refuses
-// other users first.
-func localCaller(c *net.UnixConn) (auth.Identity, error) {
+// uid (SO_PEERCRED). The node's own user could read the node's memory
+// anyway, and any client of the socket maps the whole arena: it is
+// trusted with everything (admin), as is a uid allowed without a tenant.
+// A uid allowed as UID=TENANT acts for that tenant only. Any other uid is
+// refused.
+func localCaller(c *net.UnixConn, allow map[uint32]string) (auth.Identity, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return auth.Identity{}, err
@@ -190,10 +190,18 @@ func localCaller(c *net.UnixConn) (auth.Identity, error) {
 	if cerr != nil {
 		return auth.Identity{}, fmt.Errorf("%w: shm socket peer credentials: %v", api.ErrUnauthenticated, cerr)
 	}
-	if int(cred.Uid) != os.Getuid() {
-		return auth.Identity{}, fmt.Errorf("%w: uid %d may not use this node's shared memory (only uid %d)", api.ErrPermissionDenied, cred.Uid, os.Getuid())
+	name := fmt.Sprintf("local-uid-%d", cred.Uid)
+	if int(cred.Uid) == os.Getuid() {
+		return auth.Identity{Role: auth.RoleAdmin, Name: name}, nil
 	}
-	return auth.Identity{Role: auth.RoleAdmin, Name: fmt.Sprintf("local-uid-%d", cred.Uid)}, nil
+	tenant, ok := allow[cred.Uid]
+	switch {
+	case !ok:
+		return auth.Identity{}, fmt.Errorf("%w: uid %d may not use this node's shared memory (see --shm-allow)", api.ErrPermissionDenied, cred.Uid)
+	case tenant == "":
+		return auth.Identity{Role: auth.RoleAdmin, Name: name}, nil
+	}
+	return auth.Identity{Role: auth.RoleTenant, Tenant: tenant, Name: name}, nil
 }
 
 // reservationSpin is how long a session with an open reservation polls for

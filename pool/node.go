@@ -124,10 +124,16 @@ func New(cfg Config) (*Node, error) {
 		return nil, errors.Join(err, n.Close())
 	}
 	if !n.gate.open && !cfg.DisableShm {
-		// Only the node's own user may connect to its sockets; the
-		// session then checks the peer's uid as well (localCaller).
-		for _, p := range []string{cfg.ShmSocket, cfg.transferSocket()} {
-			if err := os.Chmod(p, 0o600); err != nil {
+		// Only the node's own user may connect to its sockets, unless
+		// other users are allowed; each session then checks the peer's
+		// uid (localCaller). The shm transport's socket is for peers, the
+		// node's own user's.
+		mode := os.FileMode(0o600)
+		if len(cfg.ShmAllow) > 0 {
+			mode = 0o666
+		}
+		for p, m := range map[string]os.FileMode{cfg.ShmSocket: mode, cfg.transferSocket(): 0o600} {
+			if err := os.Chmod(p, m); err != nil {
 				return nil, errors.Join(fmt.Errorf("pool: restrict %s: %w", p, err), n.Close())
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,16 @@ type SecurityConfig struct {
 	// RDMA inside a rack is) or "never". Calls from clients are TLS
 	// whenever they choose it.
 	DataEncryption string
+	// ShmAllow lists the other users whose processes may use this node's
+	// shared memory, as UID or UID=TENANT; the node's own user always may.
+	// A process of a UID=TENANT entry acts for that tenant only (its
+	// session may touch no other tenant's blocks); one of a bare UID, like
+	// the node's own user, is trusted with everything. Either maps the
+	// whole arena: where tenants must not see each other's bytes on one
+	// host, run one node per tenant there. Empty: the node's user only
+	// (socket mode 0600); otherwise the sockets are 0666 and the uid
+	// check is what admits.
+	ShmAllow []string
 }
 
 // Values of SecurityConfig.DataEncryption.
@@ -91,6 +102,9 @@ func (c *SecurityConfig) validate(listen string) []error {
 		p.add("client certificates (a client CA) need the node's own TLS certificate and key")
 	}
 	if err := api.ValidateName("trust domain", c.TrustDomain); err != nil {
+		p.add("%v", err)
+	}
+	if _, err := parseShmAllow(c.ShmAllow); err != nil {
 		p.add("%v", err)
 	}
 	switch c.DataEncryption {
@@ -133,12 +147,17 @@ type gatekeeper struct {
 	tokens      atomic.Pointer[auth.Tokens] // nil without a token file
 	tokenStamp  fileStamp                   // owned by reloadTokens' goroutine
 	peerToken   string                      // what this node presents to peers
+	shmAllow    map[uint32]string           // other uids on the shm socket → bound tenant
 	now         func() time.Time
 	log         *slog.Logger
 }
 
 func newGatekeeper(c *SecurityConfig, now func() time.Time, log *slog.Logger) (*gatekeeper, error) {
 	g := &gatekeeper{open: c.open(), trustDomain: c.TrustDomain, tokenFile: c.TokenFile, now: now, log: log}
+	var err error
+	if g.shmAllow, err = parseShmAllow(c.ShmAllow); err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
 	if c.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
 		if err != nil {
@@ -507,4 +526,31 @@ func (n *Node) peerTLSFor(peer *tls.Config) func(addr string) *tls.Config {
 		}
 		return peer
 	}
+}
+
+// parseShmAllow reads SecurityConfig.ShmAllow: uid → the tenant its
+// sessions are bound to ("" for none).
+func parseShmAllow(entries []string) (map[uint32]string, error) {
+	out := map[uint32]string{}
+	var errs []error
+	for _, e := range entries {
+		uidStr, tenant, bound := strings.Cut(e, "=")
+		uid, err := strconv.ParseUint(uidStr, 10, 32)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shm allow %q: want UID or UID=TENANT", e))
+			continue
+		}
+		if bound {
+			if err := api.ValidateName("shm allow tenant", tenant); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if _, dup := out[uint32(uid)]; dup {
+			errs = append(errs, fmt.Errorf("shm allow: uid %d is listed twice", uid))
+			continue
+		}
+		out[uint32(uid)] = tenant
+	}
+	return out, errors.Join(errs...)
 }

@@ -812,3 +812,75 @@ func TestDataEncryptionPerLinkClass(t *testing.T) {
 		})
 	}
 }
+
+// runShmUIDHelper runs as another user (TestShmAllowBindsATenantToAUID):
+// it reaches the node over shared memory (its gRPC calls carry
+// KVPOOL_HELPER_TOKEN) and puts a block of tenant acme and one of globex,
+// printing the gRPC code of each.
+func runShmUIDHelper() int {
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: os.Getenv("KVPOOL_HELPER_ADDR"), Path: api.PathShm, Token: os.Getenv("KVPOOL_HELPER_TOKEN")})
+	if err != nil {
+		fmt.Printf("dial=%v\n", api.Code(err))
+		return 0
+	}
+	defer c.Close()
+	var out []string
+	for _, tenant := range []string{"acme", "globex"} {
+		err := c.Put(ctx, api.BlockKey{Tenant: tenant, Namespace: "shm", Key: []byte(fmt.Sprintf("uid-%d", os.Getuid()))}, []byte("v"))
+		out = append(out, fmt.Sprintf("%s=%v", tenant, api.Code(err)))
+	}
+	fmt.Println(strings.Join(out, " "))
+	return 0
+}
+
+// Other users reach a secured node's shared memory only when --shm-allow
+// names them, and a UID=TENANT entry binds their sessions to that tenant:
+// the node's checks run as processes of other uids (the test runs as
+// root, which may start them).
+func TestShmAllowBindsATenantToAUID(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root, to run helpers as other users")
+	}
+	p := makePKI(t, "shm-secure")
+	sock := fmt.Sprintf("/tmp/kvpool-shmallow-%d.sock", os.Getpid())
+	s := startServe(t, append([]string{"--standalone", "--capacity", "16MiB", "--node-id", "shm-secure", "--shm-socket", sock,
+		"--shm-allow", "61001=acme", "--shm-allow", "61002"}, p.serveArgs("shm-secure")...)...)
+	// The test binary may sit in a directory other users cannot enter.
+	bin := fmt.Sprintf("/tmp/kvpool-shm-helper-%d", os.Getpid())
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(bin)
+	run := func(uid uint32) string {
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "KVPOOL_TEST_HELPER=shm-uid", "KVPOOL_HELPER_ADDR="+s.addr, "KVPOOL_HELPER_TOKEN="+p.bearer["acme-token"])
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		cmd.Dir = "/"
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper as uid %d: %v\n%s", uid, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, tc := range []struct {
+		uid  uint32
+		want string
+	}{
+		{61001, "acme=OK globex=PermissionDenied"}, // bound to acme
+		{61002, "acme=OK globex=OK"},               // allowed, unbound: trusted
+		{61003, "acme=PermissionDenied"},           // not allowed: refused, and the session ends
+	} {
+		if got := run(tc.uid); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("uid %d: %s, want %s", tc.uid, got, tc.want)
+		}
+	}
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Perm() != 0o666 {
+		t.Errorf("the shm socket with --shm-allow: %v %v, want mode 0666", fi.Mode().Perm(), err)
+	}
+}

@@ -304,6 +304,8 @@ func runHelper(role string) int {
 	switch role {
 	case "idle":
 		return runIdleHelper()
+	case "shm-uid":
+		return runShmUIDHelper()
 	case "put":
 	default:
 		fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)

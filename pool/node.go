@@ -365,7 +365,19 @@ func (n *Node) Run(ctx context.Context) error {
 	})
 	if n.doors.shm != nil {
 		g.Go("shm accept loop", func() error { return n.doors.acceptShm(ctx, n.data.serveShm) })
-		g.Go("shm transfer accept loop", func() error { return n.doors.acceptShmTransfer(ctx, n.shmT.ServeAccepted) })
+		g.Go("shm transfer accept loop", func() error {
+			return n.doors.acceptShmTransfer(ctx, func(ctx context.Context, c *net.UnixConn) {
+				// Same-host peers are of the node's own user (the socket
+				// is 0600 on a secured node; the uid is checked too).
+				if !n.gate.open {
+					if _, err := localCaller(c, nil); err != nil {
+						n.log.Warn("shm transfer connection refused", "err", err)
+						return
+					}
+				}
+				n.shmT.ServeAccepted(ctx, c)
+			})
+		})
 	}
 	g.Go("reservation sweeper", func() error { n.sweep(ctx); return nil })
 	g.Go("token reloader", func() error { n.gate.watchTokens(ctx); return nil })

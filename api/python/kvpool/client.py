@@ -30,6 +30,7 @@ import platform
 import re
 import select
 import socket
+import ssl
 import threading
 import warnings
 from collections import namedtuple
@@ -596,9 +597,9 @@ class _DataPath(_CopyingPath):
     """The framed TCP data channel: a pool of connections, one per call in
     flight, values received into and sent from the caller's memory."""
 
-    def __init__(self, host, port, timeout, max_idle, token=None):
+    def __init__(self, host, port, timeout, max_idle, token=None, tls=None):
         self._host, self._port, self._timeout, self._max_idle = host, port, timeout, max_idle
-        self._token = token
+        self._token, self._tls = token, tls
         self._idle = []
         self._lock = threading.Lock()
         self._closed = False
@@ -617,7 +618,7 @@ class _DataPath(_CopyingPath):
             if self._idle:
                 return self._idle.pop(), True
         try:
-            return wire.Conn.dial(self._host, self._port, self._timeout, self._token), False
+            return wire.Conn.dial(self._host, self._port, self._timeout, self._token, self._tls), False
         except OSError as e:
             raise errors.Unavailable(f"kvpool: data channel to {self._host}:{self._port}: {e}") from e
 
@@ -833,10 +834,8 @@ class Client:
 
     On a node that requires credentials: token (a bearer token, as
     `kvpool auth token` makes it; default $KVPOOL_TOKEN) identifies the
-    caller on gRPC and the data channel; tls_ca (a PEM file) talks TLS to
-    gRPC, and tls_cert with tls_key present a client certificate. Over TLS
-    this client moves bytes over shared memory or gRPC: its data channel
-    is plaintext only (path="auto" then picks gRPC off the node's host).
+    caller on gRPC and the data channel; tls_ca (a PEM file) talks TLS on
+    both, and tls_cert with tls_key present a client certificate.
     """
 
     def __init__(self, addr, tenant="default", namespace="default", path="auto", timeout=10.0,
@@ -846,20 +845,22 @@ class Client:
             raise errors.InvalidArgument(f"kvpool: unknown path {path!r} (want auto, shm, data or grpc)")
         if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
             raise errors.InvalidArgument("kvpool: tls_cert and tls_key go together, and need tls_ca")
-        if tls_ca is not None and path in ("data", "tcp"):
-            raise errors.InvalidArgument("kvpool: this client's data channel is plaintext only; over TLS use path='grpc' (or 'shm' on the node's host)")
         self._tenant, self._namespace = _name("tenant", tenant), _name("namespace", namespace)
         self.addr, self.timeout = addr, timeout
         host, port = _split_addr(addr)
         self._owner = True
         self._token = token if token is not None else os.environ.get("KVPOOL_TOKEN") or None
         options = [("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)]
+        self._tls = None
         if tls_ca is not None:
             def read(p):
                 with open(p, "rb") as f:
                     return f.read()
             creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key) if tls_key else None, read(tls_cert) if tls_cert else None)
             self._channel = grpc.secure_channel(addr, creds, options=options)
+            self._tls = ssl.create_default_context(cafile=tls_ca)
+            if tls_cert is not None:
+                self._tls.load_cert_chain(tls_cert, tls_key)
         else:
             self._channel = grpc.insecure_channel(addr, options=options)
         if self._token:
@@ -885,10 +886,10 @@ class Client:
                     if want == "shm":
                         raise
                     want = "data"
-            if want == "data" and (not self.info.data_channel or tls_ca is not None):
+            if want == "data" and not self.info.data_channel:
                 want = "grpc"
             if want == "data":
-                self._bytes = _DataPath(host, port, timeout, max_idle_conns, self._token)
+                self._bytes = _DataPath(host, port, timeout, max_idle_conns, self._token, self._tls)
             elif want == "grpc":
                 self._bytes = _GrpcPath(self._stub, timeout)
             self.path = want

@@ -55,12 +55,16 @@ def test_no_credentials_are_unauthenticated(secured):
             os.environ["KVPOOL_TOKEN"] = env
 
 
-def test_a_client_certificate_over_tls(secured):
+@pytest.mark.parametrize("path", ["data", "grpc"])
+def test_a_client_certificate_over_tls(secured, path):
     node, d, _ = secured
-    with Client(node.addr, tenant="globex", namespace="tls", tls_ca=str(d / "ca.pem"),
+    value = np.arange(3 << 20, dtype=np.uint8)  # several TLS records
+    with Client(node.addr, tenant="globex", namespace=f"tls-{path}", path=path, tls_ca=str(d / "ca.pem"),
                 tls_cert=str(d / "tenant-globex.pem"), tls_key=str(d / "tenant-globex-key.pem")) as c:
-        assert c.path in ("grpc", "shm")
-        c.put(b"k", b"over tls")
-        assert bytes(c.get(b"k")) == b"over tls"
+        assert c.path == path
+        c.put(b"k", value)
+        assert bytes(c.get(b"k")) == value.tobytes()
+        with pytest.raises(PermissionDenied):
+            c.scoped(tenant="acme").get(b"k")
         with pytest.raises(PermissionDenied):
             c.scoped(tenant="acme").exists([b"k"])

@@ -698,8 +698,9 @@ var securedClusterTests = []string{
 
 // The cluster tests pass with mutual TLS everywhere: every node with a
 // node certificate, every client and CLI call with an admin's, transfers
-// between nodes under their grants. The test binary runs them again with
-// KVPOOL_SECURE_CLUSTER=1.
+// between nodes under their grants, and etcd serving TLS and requiring a
+// client certificate of every daemon. The test binary runs them again
+// with KVPOOL_SECURE_CLUSTER=1.
 func TestClusterTestsWithMutualTLS(t *testing.T) {
 	if os.Getenv("KVPOOL_SECURE_CLUSTER") != "" {
 		t.Skip("already secured")

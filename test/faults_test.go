@@ -160,8 +160,9 @@ func TestCompactionWhileDisconnected(t *testing.T) {
 		if i != 2 {
 			return eps
 		}
-		proxy = cluster.NewProxy(t, strings.TrimPrefix(eps[0], "http://"))
-		return []string{"http://" + proxy.Addr()}
+		scheme, target, _ := strings.Cut(eps[0], "://") // http, or https on a secured cluster
+		proxy = cluster.NewProxy(t, target)
+		return []string{scheme + "://" + proxy.Addr()}
 	}})
 	putChain(t, c.Client(0, api.PathData), chainKeys(t, 1, 10))
 	c.Converged(10 * time.Second)

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -55,6 +56,18 @@ type Config struct {
 	// StartTimeout bounds how long Start waits for the server to serve
 	// clients. Default 60 s.
 	StartTimeout time.Duration
+	// ClientTLS, when set, serves clients over TLS (the client URL's
+	// scheme is then https).
+	ClientTLS *TLSFiles
+}
+
+// TLSFiles are the PEM files of a TLS server.
+type TLSFiles struct {
+	CertFile, KeyFile string
+	// TrustedCAFile verifies client certificates; with ClientCertAuth
+	// every client must present one.
+	TrustedCAFile  string
+	ClientCertAuth bool
 }
 
 // Etcd is a running embedded etcd server. Its methods are safe for
@@ -119,6 +132,11 @@ func Start(cfg Config) (*Etcd, error) {
 	if cfg.Fast {
 		ec.TickMs, ec.ElectionMs = 10, 100
 	}
+	scheme := "http://"
+	if t := cfg.ClientTLS; t != nil {
+		ec.ClientTLSInfo = transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.TrustedCAFile, ClientCertAuth: t.ClientCertAuth}
+		scheme = "https://"
+	}
 	// etcd logs a great deal, and three harmless errors on every close.
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	ec.LogLevel = "fatal"
@@ -136,7 +154,7 @@ func Start(cfg Config) (*Etcd, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded: etcd not ready within %v", cfg.StartTimeout)
 	}
-	return &Etcd{etcd: e, url: "http://" + e.Clients[0].Addr().String()}, nil
+	return &Etcd{etcd: e, url: scheme + e.Clients[0].Addr().String()}, nil
 }
 
 // ClientURL is the URL clients connect to, with the port the server

@@ -47,7 +47,8 @@ type Config struct {
 	// uses (a Proxy, say) instead of the cluster's.
 	EtcdEndpoints func(i int, endpoints []string) []string
 	// Secure runs every node with mutual TLS (a CA, node certificates,
-	// and clients that present an admin's certificate), as a production
+	// and clients that present an admin's certificate), and the cluster's
+	// own etcd with TLS requiring client certificates, as a production
 	// cluster would. Also on with KVPOOL_SECURE_CLUSTER=1, so the whole
 	// cluster suite can be run secured.
 	Secure bool
@@ -99,7 +100,11 @@ func New(t testing.TB, cfg Config) *Cluster {
 	}
 	if len(c.Endpoints) == 0 {
 		c.etcdDir = t.TempDir()
-		c.StartEtcd("http://127.0.0.1:0")
+		if cfg.Secure {
+			c.StartEtcd("https://127.0.0.1:0")
+		} else {
+			c.StartEtcd("http://127.0.0.1:0")
+		}
 	}
 	for i := range cfg.Nodes {
 		c.Nodes = append(c.Nodes, c.start(fmt.Sprintf("node-%d", i), i))
@@ -120,7 +125,13 @@ func New(t testing.TB, cfg Config) *Cluster {
 // directory.
 func (c *Cluster) StartEtcd(url string) {
 	c.t.Helper()
-	e, err := embedded.Start(embedded.Config{Dir: c.etcdDir, ClientURL: url, Fast: true})
+	ec := embedded.Config{Dir: c.etcdDir, ClientURL: url, Fast: true}
+	if c.cfg.Secure {
+		// etcd too requires a certificate of every client.
+		ec.ClientTLS = &embedded.TLSFiles{CertFile: filepath.Join(c.pki, "etcd.pem"), KeyFile: filepath.Join(c.pki, "etcd-key.pem"),
+			TrustedCAFile: filepath.Join(c.pki, "ca.pem"), ClientCertAuth: true}
+	}
+	e, err := embedded.Start(ec)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -139,12 +150,22 @@ func (c *Cluster) StopEtcd() string {
 // Client returns a new etcd client for the cluster, closed at cleanup.
 func (c *Cluster) EtcdClient() *clientv3.Client {
 	c.t.Helper()
-	cli, err := metadata.NewClient(c.Endpoints)
+	cli, err := metadata.NewSecureClient(metadata.EtcdConfig{Endpoints: c.Endpoints, TLS: c.etcdTLS()})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// etcdTLS is how clients reach the cluster's own etcd: with an admin's
+// certificate on a Secure cluster; nil (plaintext) otherwise, and for an
+// external etcd, which the test started plaintext.
+func (c *Cluster) etcdTLS() *tls.Config {
+	if !c.cfg.Secure || len(c.cfg.Endpoints) > 0 {
+		return nil
+	}
+	return c.clientTLS
 }
 
 func (c *Cluster) start(id string, i int) *Daemon {
@@ -153,7 +174,7 @@ func (c *Cluster) start(id string, i int) *Daemon {
 	if c.cfg.EtcdEndpoints != nil {
 		endpoints = c.cfg.EtcdEndpoints(i, endpoints)
 	}
-	cli, err := metadata.NewClient(endpoints)
+	cli, err := metadata.NewSecureClient(metadata.EtcdConfig{Endpoints: endpoints, TLS: c.etcdTLS()})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -259,6 +280,9 @@ func (c *Cluster) makePKI() {
 	c.pki = c.t.TempDir()
 	ca := c.ca()
 	if err := ca.Issue(c.pki, "admin", auth.Identity{Role: auth.RoleAdmin, Name: "test"}, auth.DefaultTrustDomain, nil, false, time.Hour); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := ca.Issue(c.pki, "etcd", auth.Identity{Role: auth.RoleNode, Name: "etcd"}, auth.DefaultTrustDomain, []string{"127.0.0.1"}, true, time.Hour); err != nil {
 		c.t.Fatal(err)
 	}
 	pair, err := tls.LoadX509KeyPair(filepath.Join(c.pki, "admin.pem"), filepath.Join(c.pki, "admin-key.pem"))

@@ -286,8 +286,9 @@ func (d *dataConn) authorize() error {
 		return d.s.gate.check(d.sess.caller, auth.OpInfo, "")
 	}
 	// Release, Commit and Abort act on what this session pinned or
-	// reserved, which was checked then.
-	return nil
+	// reserved, which was checked then; still, they are no business of a
+	// caller the node does not know.
+	return d.s.gate.check(d.sess.caller, auth.OpInfo, "")
 }
 
 // refusalLinger is how long a refused connection's input is drained

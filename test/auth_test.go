@@ -284,6 +284,16 @@ func dataFrames() map[string]func(ctx context.Context, c *wire.Conn) error {
 			}
 			return err
 		},
+		"data.Source": func(ctx context.Context, c *wire.Conn) error {
+			_, err := c.RoundTrip(ctx, &wire.Request{Op: wire.OpSource, ValueLen: 1})
+			return err
+		},
+		"data.Commit": func(ctx context.Context, c *wire.Conn) error {
+			// Of a reservation this session does not hold: refused as
+			// such (FailedPrecondition) once the caller is known.
+			_, err := c.RoundTrip(ctx, &wire.Request{Op: wire.OpCommit, Handle: 12345})
+			return err
+		},
 		"data.Put": func(ctx context.Context, c *wire.Conn) error {
 			r := key(wire.OpPut)
 			r.ValueLen, r.Flags = 1, wire.FlagChecksum
@@ -398,6 +408,34 @@ func TestAccessTable(t *testing.T) {
 		table.WriteString("\n")
 	}
 	t.Logf("access table (calls on tenant acme's blocks):\n%s", table.String())
+
+	// A tenant's Stats shows the node's totals and its own tenant only.
+	gc := caller{tls: p.clientTLS(t, "tenant-globex")}
+	gcl, err := api.Dial(ctx, api.ClientConfig{Server: s.addr, Path: api.PathData, TLS: gc.tls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gcl.Close()
+	if err := gcl.Put(ctx, api.BlockKey{Tenant: "globex", Namespace: "n", Key: []byte("g")}, []byte("globex's")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := kvpoolv1.NewKVPoolServiceClient(callers[0].grpcConn(t, s.addr)).Stats(ctx, &kvpoolv1.StatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range st.GetTenants() {
+		if ts.GetTenant() != "acme" {
+			t.Errorf("acme's Stats shows tenant %s", ts.GetTenant())
+		}
+	}
+	for _, ns := range st.GetNamespaces() {
+		if ns.GetTenant() != "acme" {
+			t.Errorf("acme's Stats shows namespace %s/%s", ns.GetTenant(), ns.GetNamespace())
+		}
+	}
+	if st.GetBlocks() == 0 {
+		t.Error("acme's Stats lacks the node's totals")
+	}
 }
 
 // A transfer connection (KVPT) without a node identity is refused before
@@ -503,6 +541,45 @@ func TestTransferEndpointAdmitsOnlyNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually.True(t, "the grant to end with the pin", 5*time.Second, func() bool { return read(xfer, off, size) == 2 })
+
+	// Writes: only into a reservation the node made, while it is open.
+	write := func(offset, length uint64) int {
+		req := make([]byte, 24)
+		req[0] = byte(transfer.Write)
+		binary.LittleEndian.PutUint32(req[4:], 1)
+		binary.LittleEndian.PutUint64(req[8:], offset)
+		binary.LittleEndian.PutUint64(req[16:], length)
+		if _, err := xfer.Write(append(req, make([]byte, length)...)); err != nil {
+			return -1
+		}
+		xfer.SetReadDeadline(time.Now().Add(3 * time.Second))
+		var resp [16]byte
+		if _, err := io.ReadFull(xfer, resp[:]); err != nil {
+			return -1
+		}
+		return int(resp[0])
+	}
+	res, err := pc.RoundTrip(ctx, &wire.Request{Op: wire.OpReserve, ValueLen: 4096, Tenant: []byte("acme"), Namespace: []byte("n"), Key: []byte("replica")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name           string
+		offset, length uint64
+		want           int
+	}{
+		{"into the reservation", res.Offset, 4096, 0},
+		{"past its end", res.Offset + 1, 4096, 2},
+		{"into the pinned block's old range", off, 16, 2},
+	} {
+		if st := write(tc.offset, tc.length); st != tc.want {
+			t.Errorf("a write %s [%d, +%d): status %d, want %d", tc.name, tc.offset, tc.length, st, tc.want)
+		}
+	}
+	if err := pc.Notify(&wire.Request{Op: wire.OpAbort, Handle: res.Handle}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "the write grant to end with the reservation", 5*time.Second, func() bool { return write(res.Offset, 4096) == 2 })
 }
 
 // A token removed from the token file, or past its expiry, stops working

@@ -179,6 +179,10 @@ func TestSnapshotCompactsTheLog(t *testing.T) {
 	cli := newClient(t, e.ClientURL())
 	mm := startMirror(t, cli)
 	a := startMember(t, cli, "node-a", func(c *MemberConfig) { c.MaxBatch = 10; c.CompactAfter = 5; c.FlushInterval = 0 })
+	// Registered first: on a slow machine the registration could come
+	// after every change, and its snapshot alone would carry them, with
+	// no log to compact.
+	eventually.True(t, "the member to register", patience, func() bool { return a.Stats().Snapshots >= 1 })
 	for i := range 300 {
 		a.store.add(a.Member, "t", "n", fmt.Sprintf("k%d", i))
 		if i%3 == 0 {

@@ -626,7 +626,6 @@ func TestTokensRevokeAndExpire(t *testing.T) {
 	eventually.True(t, "the 3 s token to expire", 10*time.Second, func() bool { return outcome(exists(short)) == "unauth" })
 }
 
-
 // Three daemons secured with mutual TLS on a separate etcd: a tenant puts
 // with copies on one node and fetches on another; the nodes pin, read and
 // replicate between themselves over TLS with their node certificates, over

@@ -94,6 +94,12 @@ func TestConnectionCaps(t *testing.T) {
 		}
 	}
 	open(2, 2*perRemote) // half refused: remote_full
+	// The node refuses asynchronously: wait for its count first, so a
+	// loaded machine does not make a refused connection look admitted.
+	eventually.True(t, "the remote_full refusals to be counted", 10*time.Second, func() bool {
+		r, ok := metricValue(s.metrics, `kvpool_pool_refused_connections_total{door="tcp",reason="remote_full"}`)
+		return ok && r == perRemote
+	})
 	refusedRemote := 0
 	for _, c := range held {
 		if closedBy(c, 100*time.Millisecond) {

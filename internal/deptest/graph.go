@@ -32,6 +32,9 @@ var Graph = map[string]Rules{
 		"go.etcd.io/...", "github.com/hashicorp/memberlist")},
 	// The cost model is pure: the standard library and a YAML decoder.
 	"transfer/cost": {OnlyModules: []string{"sigs.k8s.io/yaml/...", "go.yaml.in/yaml/..."}},
+	// The simulator: pure, on the cost model and the eviction policies
+	// (its own TestDeps bans goroutines, locks, I/O and the clock).
+	"transfer/sim": {Forbidden: own("api/...", "pool/...", "metadata/...", "cmd/...", "test/...")},
 	// The store keeps blocks in an arena it is handed, below the node.
 	"pool/store": {Forbidden: append(own("pool", "pool/bench", "metadata/...", "transfer/...", "cmd/...", "test/..."),
 		"go.etcd.io/...", "github.com/hashicorp/...", "github.com/prometheus/...")},

@@ -6,11 +6,12 @@
 // cost model (transfer/cost) and eviction policies (eviction) the daemons
 // use, never copies of them.
 //
-// It is pure: no goroutines, no wall clock, no I/O beyond the reader a
+// It is pure: no goroutines, no wall clock (time.Time values only carry
+// simulated time to the eviction policies), no I/O beyond the reader a
 // trace is parsed from. Time is simulated seconds, a float64, from the
 // trace's first request; the same inputs and seed give the same result.
 //
 // This file's siblings so far: the trace reader (trace.go), the event
-// queue (events.go), links shared by concurrent fetches (link.go) and the
-// decode roofline (decode.go).
+// queue (events.go), links shared by concurrent fetches (link.go), the
+// decode roofline (decode.go) and the cache tiers (tier.go).
 package sim

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/kvpool/kvpool/eviction"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -195,4 +197,29 @@ func FuzzParseTrace(f *testing.F) {
 			prev = r.ArrivalS
 		}
 	})
+}
+
+func TestTierEvictsByPolicyAndKeepsPins(t *testing.T) {
+	tr := NewTier(3, eviction.LRU)
+	a := []uint64{10, 11, 12}
+	if got := tr.Insert(a, 0, 0); got != 3 || tr.Len() != 3 {
+		t.Fatalf("insert into an empty tier: %d held of 3, len %d", got, tr.Len())
+	}
+	if got := tr.Prefix([]uint64{10, 11, 99}, 1); got != 2 {
+		t.Fatalf("prefix %d, want 2", got)
+	}
+	// 12 is the least recently used: a new block evicts it.
+	tr.Insert([]uint64{20}, 0, 2)
+	if tr.Has(12) || !tr.Has(10) || !tr.Has(11) || !tr.Has(20) || tr.Evictions != 1 {
+		t.Fatalf("after one eviction: 10 %v 11 %v 12 %v 20 %v, %d evictions", tr.Has(10), tr.Has(11), tr.Has(12), tr.Has(20), tr.Evictions)
+	}
+	// Pinned blocks stay; with everything pinned nothing more fits.
+	tr.Pin([]uint64{10, 11, 20}, 3)
+	if got := tr.Insert([]uint64{30, 31}, 0, 3); got != 0 || tr.Has(30) {
+		t.Fatalf("inserting into a fully pinned tier stored %d blocks", got)
+	}
+	tr.Unpin([]uint64{10, 11, 20}, 3)
+	if got := tr.Insert([]uint64{30, 31}, 0, 4); got != 2 || tr.Len() != 3 {
+		t.Fatalf("after unpinning: %d of 2 stored, len %d", got, tr.Len())
+	}
 }

@@ -356,7 +356,7 @@ func (d *dataConn) handle() error {
 			return d.respondErr(err)
 		}
 		d.sess.res[res.Handle()] = res
-		d.sess.grant(d.s.grants, res.Handle(), grant{offset: uint64(res.Offset()), length: r.ValueLen, write: true})
+		d.sess.grant(d.s.grants, res.Handle(), grant{offset: uint64(res.Offset()), length: r.ValueLen, write: true, reservation: res.Handle()})
 		return d.respond(nil, &wire.Response{ValueLen: r.ValueLen, Offset: uint64(res.Offset()), Handle: res.Handle()})
 	case wire.OpCommit:
 		res, ok := d.sess.res[r.Handle]

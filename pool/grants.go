@@ -16,14 +16,21 @@ import (
 // node keeps them: an open one lets every caller read and write anything.
 // Safe for concurrent use.
 type grants struct {
+	// open reports whether a reservation is still open: a write grant
+	// ends with its reservation, also when the node reclaims it (past the
+	// reservation timeout) and its pages go to another block.
+	open func(handle uint64) bool
+
 	mu     sync.Mutex
 	byNode map[string]map[grant]int // node id -> grant -> holds
 }
 
-// grant is one range of the arena and the direction it may move.
+// grant is one range of the arena and the direction it may move; a write
+// grant names its reservation.
 type grant struct {
 	offset, length uint64
 	write          bool
+	reservation    uint64
 }
 
 func (g *grants) add(node string, gr grant) {
@@ -58,7 +65,8 @@ func (g *grants) allows(node string, write bool, offset, length uint64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for gr := range g.byNode[node] {
-		if gr.write == write && offset >= gr.offset && length <= gr.length && offset-gr.offset <= gr.length-length {
+		if gr.write == write && offset >= gr.offset && length <= gr.length && offset-gr.offset <= gr.length-length &&
+			(!gr.write || g.open == nil || g.open(gr.reservation)) {
 			return true
 		}
 	}

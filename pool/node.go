@@ -150,7 +150,7 @@ func New(cfg Config) (*Node, error) {
 		TLSFor: peerTLS, Token: n.gate.peerToken})
 	var grpcAccess transfer.Access
 	if !n.gate.open {
-		n.grants = &grants{}
+		n.grants = &grants{open: n.store.ReservationOpen}
 		grpcAccess = func(ctx context.Context, kind transfer.Kind, region transfer.RegionID, offset, length uint64) error {
 			return n.grants.access(callerOf(ctx).Name)(ctx, kind, region, offset, length)
 		}

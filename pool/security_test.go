@@ -164,3 +164,36 @@ func TestGrants(t *testing.T) {
 		t.Errorf("%d grants left after every hold was removed", g.held())
 	}
 }
+
+// A write grant ends with its reservation, also when the node reclaims it:
+// its pages may hold another block by then.
+func TestWriteGrantsEndWithTheirReservation(t *testing.T) {
+	open := map[uint64]bool{7: true}
+	g := grants{open: func(h uint64) bool { return open[h] }}
+	gr := grant{offset: 0, length: 4096, write: true, reservation: 7}
+	g.add("n1", gr)
+	if !g.allows("n1", true, 0, 4096) {
+		t.Fatal("a write into an open reservation is refused")
+	}
+	open[7] = false // reclaimed past the reservation timeout
+	if g.allows("n1", true, 0, 4096) {
+		t.Fatal("a write into a reclaimed reservation is allowed")
+	}
+}
+
+// The store says a reservation is open until it is committed, aborted or
+// reclaimed.
+func TestReservationOpen(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.ReservationTimeout = time.Hour })
+	st := n.Store()
+	r, err := st.Reserve([]byte("t"), []byte("n"), []byte("k"), 100, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.ReservationOpen(r.Handle()) {
+		t.Fatal("a new reservation is not open")
+	}
+	if st.ReclaimExpired(time.Now().Add(2*time.Hour)) != 1 || st.ReservationOpen(r.Handle()) {
+		t.Fatal("a reclaimed reservation is still open")
+	}
+}

@@ -660,6 +660,15 @@ func (s *Store) Locate(tenant, ns []byte, chain [][]byte) (int, error) {
 	return len(chain), nil
 }
 
+// ReservationOpen reports whether the reservation with handle is still
+// open: not committed, aborted or reclaimed.
+func (s *Store) ReservationOpen(handle uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.mu.res[handle]
+	return ok && !r.committing
+}
+
 // ReclaimExpired aborts every client-owned reservation whose deadline is
 // before now and returns how many it reclaimed.
 func (s *Store) ReclaimExpired(now time.Time) int {

@@ -1,54 +1,14 @@
 package eviction
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/kvpool/kvpool/internal/deptest"
 )
 
 // TestDeps keeps the package pure: it imports only the standard library
 // and ristretto's z, and its non-test code starts no goroutine, takes no
 // lock, does no I/O and reads no clock.
 func TestDeps(t *testing.T) {
-	forbidden := map[string]bool{
-		"sync": true, "sync/atomic": true, "os": true, "io/fs": true, "net": true,
-		"net/http": true, "log": true, "log/slog": true, "unsafe": true, "runtime": true,
-	}
-	clock := map[string]bool{"Now": true, "Since": true, "Until": true, "Sleep": true, "After": true, "Tick": true, "NewTimer": true, "NewTicker": true, "AfterFunc": true}
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fset := token.NewFileSet()
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, imp := range f.Imports {
-			path, _ := strconv.Unquote(imp.Path.Value)
-			std := !strings.Contains(strings.SplitN(path, "/", 2)[0], ".")
-			if (!std && path != "github.com/dgraph-io/ristretto/v2/z") || forbidden[path] {
-				t.Errorf("%s imports %q", name, path)
-			}
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.GoStmt:
-				t.Errorf("%s: go statement", fset.Position(n.Pos()))
-			case *ast.SelectorExpr:
-				if x, ok := n.X.(*ast.Ident); ok && x.Name == "time" && clock[n.Sel.Name] {
-					t.Errorf("%s: time.%s", fset.Position(n.Pos()), n.Sel.Name)
-				}
-			}
-			return true
-		})
-	}
+	deptest.CheckPure(t, ".", "github.com/dgraph-io/ristretto/v2/z")
 }

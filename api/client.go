@@ -92,16 +92,18 @@ type ClientConfig struct {
 	Token string
 }
 
-// bearer sends a token with every gRPC call.
-type bearer struct{ token string }
+// BearerToken is gRPC per-call credentials that send a bearer token in
+// the authorization metadata, as every kvpool client and node does.
+type BearerToken string
 
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + b.token}, nil
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
 
 // RequireTransportSecurity is false: a node on loopback or a trusted
 // network may take tokens in plaintext; it decides what it accepts.
-func (b bearer) RequireTransportSecurity() bool { return false }
+func (BearerToken) RequireTransportSecurity() bool { return false }
 
 // Client talks to one kvpool node. It is safe for concurrent use.
 //
@@ -152,7 +154,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(80<<20), grpc.MaxCallSendMsgSize(80<<20)),
 	}
 	if cfg.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: cfg.Token}))
+		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(cfg.Token)))
 	}
 	opts = append(opts, cfg.DialOptions...)
 	cc, err := grpc.NewClient(cfg.Server, opts...)

@@ -97,13 +97,6 @@ type caller struct {
 	token string
 }
 
-type bearerCreds string
-
-func (b bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-func (bearerCreds) RequireTransportSecurity() bool { return false }
-
 func (c caller) grpcConn(t *testing.T, addr string) *grpc.ClientConn {
 	creds := insecure.NewCredentials()
 	if c.tls != nil {
@@ -111,7 +104,7 @@ func (c caller) grpcConn(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if c.token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearerCreds(c.token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(api.BearerToken(c.token)))
 	}
 	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {

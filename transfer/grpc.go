@@ -103,15 +103,6 @@ type GRPCConfig struct {
 	Access Access
 }
 
-// peerToken sends a node's token with every transfer call.
-type peerToken string
-
-func (t peerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(t)}, nil
-}
-
-func (peerToken) RequireTransportSecurity() bool { return false }
-
 // GRPC is the gRPC transport. Its server side is a gRPC service that a
 // node registers on its server (RegisterServer) with the raw codec.
 type GRPC struct {
@@ -261,7 +252,7 @@ func (g *GRPC) connLocked(addr string) (*grpc.ClientConn, error) {
 		grpc.WithInitialWindowSize(grpcWindow), grpc.WithInitialConnWindowSize(2 * grpcWindow),
 		grpc.WithReadBufferSize(1 << 20), grpc.WithWriteBufferSize(1 << 20)}
 	if g.cfg.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(peerToken(g.cfg.Token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(api.BearerToken(g.cfg.Token)))
 	}
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {

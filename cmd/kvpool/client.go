@@ -60,23 +60,9 @@ func (f *credFlags) apply(cfg *api.ClientConfig) error {
 	if f.cert != "" && f.ca == "" {
 		return usagef("--tls-cert needs --tls-ca: a client certificate is sent over TLS")
 	}
-	if f.ca != "" {
-		pem, err := os.ReadFile(f.ca)
-		if err != nil {
-			return usage(err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return usagef("--tls-ca %s holds no PEM certificate", f.ca)
-		}
-		cfg.TLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-		if f.cert != "" {
-			pair, err := tls.LoadX509KeyPair(f.cert, f.key)
-			if err != nil {
-				return usage(err)
-			}
-			cfg.TLS.Certificates = []tls.Certificate{pair}
-		}
+	var err error
+	if cfg.TLS, err = clientTLS("--tls-ca", f.ca, f.cert, f.key); err != nil {
+		return usage(err)
 	}
 	cfg.Token = os.Getenv("KVPOOL_TOKEN")
 	if f.tokenFile != "" {
@@ -278,4 +264,30 @@ func (f *chainFlags) hashTokens(e *env) ([][]byte, int, error) {
 	}
 	keys, err := chain.Keys(chain.Config{Scheme: s, BlockTokens: f.blockTokens, Seed: f.seed}, tokens)
 	return keys, len(tokens), err
+}
+
+// clientTLS is a client's TLS configuration from PEM files: the roots in
+// ca (named by flag in errors), and a client certificate when cert and
+// key are given. nil without ca.
+func clientTLS(flag, ca, cert, key string) (*tls.Config, error) {
+	if ca == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s holds no PEM certificate", flag, ca)
+	}
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }

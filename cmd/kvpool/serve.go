@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,30 +198,15 @@ func newLogger(e *env, level, format string) (*slog.Logger, error) {
 // etcdCredentials reads --etcd-ca, --etcd-cert, --etcd-key and
 // --etcd-password-file.
 func etcdCredentials(o *serveOptions) (*tls.Config, string, error) {
-	var cfg *tls.Config
 	if (o.etcdCert == "") != (o.etcdKey == "") {
 		return nil, "", usagef("--etcd-cert and --etcd-key go together")
 	}
-	if o.etcdCA != "" {
-		pem, err := os.ReadFile(o.etcdCA)
-		if err != nil {
-			return nil, "", err
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, "", fmt.Errorf("--etcd-ca %s holds no PEM certificate", o.etcdCA)
-		}
-		cfg = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if o.etcdCert != "" && o.etcdCA == "" {
+		return nil, "", usagef("--etcd-cert needs --etcd-ca")
 	}
-	if o.etcdCert != "" {
-		if cfg == nil {
-			return nil, "", usagef("--etcd-cert needs --etcd-ca")
-		}
-		pair, err := tls.LoadX509KeyPair(o.etcdCert, o.etcdKey)
-		if err != nil {
-			return nil, "", err
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+	cfg, err := clientTLS("--etcd-ca", o.etcdCA, o.etcdCert, o.etcdKey)
+	if err != nil {
+		return nil, "", err
 	}
 	password := ""
 	if o.etcdPasswordFile != "" {

@@ -72,12 +72,12 @@ func RunAuth(ctx context.Context, cfg Config) (*AuthResult, error) {
 	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte(line+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	open, stopOpen, err := startAuthNode("bench-open", cfg, pool.SecurityConfig{})
+	open, stopOpen, err := startNodeWith("bench-open", cfg, pool.SecurityConfig{})
 	if err != nil {
 		return nil, err
 	}
 	defer stopOpen()
-	secured, stopSecured, err := startAuthNode("bench-secure", cfg, pool.SecurityConfig{
+	secured, stopSecured, err := startNodeWith("bench-secure", cfg, pool.SecurityConfig{
 		TLSCertFile: filepath.Join(dir, "node.pem"), TLSKeyFile: filepath.Join(dir, "node-key.pem"),
 		ClientCAFile: filepath.Join(dir, "ca.pem"), TokenFile: filepath.Join(dir, "tokens")})
 	if err != nil {
@@ -143,21 +143,4 @@ func RunAuth(ctx context.Context, cfg Config) (*AuthResult, error) {
 	res.TokenRatio = res.Modes[1].GBps / res.Modes[0].GBps
 	res.TLSRatio = res.Modes[2].GBps / res.Modes[1].GBps
 	return res, nil
-}
-
-// startAuthNode starts an in-process node for RunAuth with sec.
-func startAuthNode(id string, cfg Config, sec pool.SecurityConfig) (*pool.Node, func(), error) {
-	pc := pool.DefaultConfig(id, cfg.CapacityBytes)
-	pc.ListenAddr, pc.DisableShm, pc.ShmSocket = "127.0.0.1:0", true, ""
-	pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
-	pc.SecurityConfig = sec
-	n, err := pool.New(pc)
-	if err != nil {
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	<-n.Ready()
-	return n, func() { cancel(); <-done; n.Close() }, nil
 }

@@ -220,7 +220,13 @@ func runRounds(ctx context.Context, cfg Config, base baseline, res *Result, meas
 }
 
 func startNode(cfg Config) (*pool.Node, func(), error) {
-	pc := pool.DefaultConfig("bench", cfg.CapacityBytes)
+	return startNodeWith("bench", cfg, pool.SecurityConfig{})
+}
+
+// startNodeWith starts an in-process node id for cfg's path and block
+// size, secured with sec; stop ends it.
+func startNodeWith(id string, cfg Config, sec pool.SecurityConfig) (n *pool.Node, stop func(), err error) {
+	pc := pool.DefaultConfig(id, cfg.CapacityBytes)
 	pc.ListenAddr = "127.0.0.1:0"
 	pc.ShmSocket = ""
 	pc.DisableShm = cfg.Path != api.PathShm
@@ -228,7 +234,8 @@ func startNode(cfg Config) (*pool.Node, func(), error) {
 		pc.ShmSocket = fmt.Sprintf("/tmp/kvpool-bench-%d.sock", rand.Uint32())
 	}
 	pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
-	n, err := pool.New(pc)
+	pc.SecurityConfig = sec
+	n, err = pool.New(pc)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -270,7 +270,10 @@ func (m *Member) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
-	if m.lease != 0 {
+	// NB: not through a client already closed (a crash the caller
+	// simulates, or a shutdown that closed it first): over TLS that call
+	// would wait out its whole timeout instead of failing at once.
+	if m.lease != 0 && m.cfg.Client.Ctx().Err() == nil {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := m.cfg.Client.Revoke(rctx, m.lease)
 		cancel()

@@ -122,6 +122,7 @@ Commands are <noun> <verb>. Run "kvpool cluster demo" to see a cluster at work,
 		noun("cluster", "Ask any daemon about the whole cluster: nodes, block locality, blocks, stats, links; or run a demo cluster",
 			clusterNodesCmd(e), clusterLocateCmd(e), clusterBlocksCmd(e), clusterStatsCmd(e), clusterLinksCmd(e), clusterDemoCmd(e)),
 		policyCmd(e),
+		simCmd(e),
 		authCmd(e),
 	)
 	// The verbs of the previous release, hidden, for one release more.

@@ -55,6 +55,10 @@ type Request struct {
 	// Link returns the link from a source to a candidate. nil: no source
 	// can be used.
 	Link func(from, to string) Link
+	// NoSplit leaves the split out: each candidate recomputes or fetches,
+	// for an engine that cannot overlap loading with computing. Its
+	// SplitBlocks is then h and SplitTotal the cheaper pure plan.
+	NoSplit bool
 }
 
 // PlanKind is what a node should do with the prefix it does not hold.
@@ -277,6 +281,9 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 		best := min(k, p)
 		if k > h && f(k-1) <= f(best) {
 			best = k - 1
+		}
+		if r.NoSplit {
+			best = h
 		}
 		cand.SplitBlocks = best
 		// f(best) ≤ f(h) and f(p), so the split never costs more than

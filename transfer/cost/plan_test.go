@@ -77,6 +77,24 @@ func TestPlanExact(t *testing.T) {
 			}},
 		},
 		{
+			// The same without the split: the pure fetch wins.
+			name: "local prefix, fast link, no split",
+			req: func() *Request {
+				r := base([]Node{
+					{ID: "a", Candidate: true, Prefill: c, Blocks: 4},
+					{ID: "s", Blocks: 10},
+				}, links{"s>a": {BytesPerSecond: 4e6}})
+				r.NoSplit = true
+				return r
+			}(),
+			want: []NodePlan{{
+				Node: "a", LocalBlocks: 4, PoolBlocks: 10, Source: "s", Link: Link{BytesPerSecond: 4e6},
+				FetchBytes: 6e5, Transfer: ms(150), Recompute: ms(600),
+				RecomputeTotal: ms(600), FetchTotal: ms(150), SplitBlocks: 4, SplitTotal: ms(150),
+				Plan: Fetch, Total: ms(150), BreakevenBytesPerSecond: 1e6,
+			}},
+		},
+		{
 			// The same at 100 kB/s: loading costs 1 s per block, so the
 			// best split is k=p, the recompute.
 			name: "slow link recomputes",

@@ -72,7 +72,9 @@ func (l *Link) Advance(t float64) {
 			for _, x := range l.busy {
 				if x.startsAtS <= l.now && x.left > 0 {
 					x.left = math.Max(0, x.left-rate*(step-l.now))
-					if x.left < 1e-6 {
+					// Rounding can leave a remainder too small to move
+					// the clock: it is done.
+					if x.left < 1e-6 || step+x.left/rate == step {
 						x.left = 0
 					}
 				}
@@ -88,7 +90,7 @@ func (l *Link) Done() []int {
 	var ids []int
 	kept := l.busy[:0]
 	for _, x := range l.busy {
-		if x.left == 0 && x.startsAtS <= l.now {
+		if l.finished(x) {
 			ids = append(ids, x.id)
 		} else {
 			kept = append(kept, x)
@@ -122,7 +124,7 @@ func (l *Link) NextDone() (atS float64, ok bool) {
 	}
 	for {
 		for _, x := range c.busy {
-			if x.left == 0 && x.startsAtS <= c.now {
+			if c.finished(x) {
 				return c.now, true
 			}
 		}
@@ -136,8 +138,24 @@ func (l *Link) NextDone() (atS float64, ok bool) {
 				next = math.Min(next, c.now+x.left/(c.BytesPerSecond/float64(n)))
 			}
 		}
+		if next <= c.now {
+			return c.now, true
+		}
 		c.Advance(next)
 	}
+}
+
+// finished reports whether x is done at the link's time: all its bytes
+// moved, or so few left that moving them takes no representable time.
+func (l *Link) finished(x *transfer) bool {
+	if x.startsAtS > l.now {
+		return false
+	}
+	if x.left == 0 {
+		return true
+	}
+	rate := l.BytesPerSecond / float64(max(1, l.moving(l.now)))
+	return l.now+x.left/rate == l.now
 }
 
 // Busy is how many transfers are in flight.

@@ -19,6 +19,9 @@ type Tier struct {
 	policy eviction.Policy
 	held   map[uint64]bool
 	pins   map[uint64]int
+	// reserved blocks are memory running requests use beyond the chain
+	// blocks they pin (their answers and the prompt's partial last block).
+	reserved int
 }
 
 // NewTier returns an empty tier of capacity blocks under policy kind.
@@ -40,6 +43,17 @@ func (t *Tier) Len() int { return len(t.held) }
 // Has reports whether the tier holds block b.
 func (t *Tier) Has(b uint64) bool { return t.held[b] }
 
+// Held returns how many leading blocks of chain the tier holds, without
+// recording an access: what a router sees.
+func (t *Tier) Held(chain []uint64) int {
+	for i, b := range chain {
+		if !t.held[b] {
+			return i
+		}
+	}
+	return len(chain)
+}
+
 // Prefix returns how many leading blocks of chain the tier holds, and
 // records a read of each (a hit) and a miss of the first it lacks.
 func (t *Tier) Prefix(chain []uint64, nowS float64) int {
@@ -60,7 +74,6 @@ func (t *Tier) Prefix(chain []uint64, nowS float64) int {
 // tier then holds.
 func (t *Tier) Insert(chain []uint64, from int, nowS float64) int {
 	now := at(nowS)
-	pinned := func(x eviction.ID) bool { return t.pins[uint64(x-1)] > 0 }
 	for i := from; i < len(chain); i++ {
 		b := chain[i]
 		if t.held[b] {
@@ -71,19 +84,63 @@ func (t *Tier) Insert(chain []uint64, from int, nowS float64) int {
 			parent = id(chain[i-1])
 		}
 		blk := eviction.Block{ID: id(b), Parent: parent, Bytes: 1, Hash: uint64(id(b))}
-		for len(t.held) >= t.Capacity {
-			victim, ok := t.policy.Victim(now, pinned)
-			if !ok || !t.policy.Admit(blk, victim) {
-				return i
-			}
-			t.policy.Remove(victim)
-			delete(t.held, uint64(victim-1))
-			t.Evictions++
+		if !t.evict(now, &blk, 1) {
+			return i
 		}
 		t.policy.Add(blk, now)
 		t.held[b] = true
 	}
 	return len(chain)
+}
+
+// evict evicts unpinned blocks until need more fit, for candidate (nil:
+// for a reservation, which the policy does not judge). It reports false
+// when it cannot: every block left is pinned, or the policy will not
+// admit candidate over its victim.
+func (t *Tier) evict(now time.Time, candidate *eviction.Block, need int) bool {
+	pinned := func(x eviction.ID) bool { return t.pins[uint64(x-1)] > 0 }
+	for len(t.held)+t.reserved+need > t.Capacity {
+		victim, ok := t.policy.Victim(now, pinned)
+		if !ok || (candidate != nil && !t.policy.Admit(*candidate, victim)) {
+			return false
+		}
+		t.policy.Remove(victim)
+		delete(t.held, uint64(victim-1))
+		t.Evictions++
+	}
+	return true
+}
+
+// Reserve sets n blocks of memory aside, evicting unpinned blocks for
+// them; it reports false, reserving nothing, when that would need
+// evicting a pinned block.
+func (t *Tier) Reserve(n int, nowS float64) bool {
+	if len(t.pins)+t.reserved+n > t.Capacity {
+		return false
+	}
+	if !t.evict(at(nowS), nil, n) {
+		return false
+	}
+	t.reserved += n
+	return true
+}
+
+// Release returns n reserved blocks.
+func (t *Tier) Release(n int) { t.reserved -= n }
+
+// Fits reports whether n more blocks could be reserved and extra chain
+// blocks pinned without evicting a pinned block.
+func (t *Tier) Fits(n int) bool { return len(t.pins)+t.reserved+n <= t.Capacity }
+
+// Unpinned counts the blocks of chain[:n] that are not pinned.
+func (t *Tier) Unpinned(chain []uint64) int {
+	c := 0
+	for _, b := range chain {
+		if t.pins[b] == 0 {
+			c++
+		}
+	}
+	return c
 }
 
 // Pin keeps the leading n blocks of chain from eviction until Unpin.

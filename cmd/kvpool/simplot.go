@@ -1,0 +1,153 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// noPool are the policies that never fetch from another node; the best
+// of them is what the pool must beat.
+var noPool = []string{"round-robin", "least-loaded", "affinity", "cost"}
+
+// bestNoPool is the lowest TTFT p90 among the no-pool policies of rows
+// at one grid point; ok is false when none ran.
+func bestNoPool(rows []simRow) (p90 float64, ok bool) {
+	p90 = math.Inf(1)
+	for _, r := range rows {
+		if slices.Contains(noPool, r.Policy) && r.TTFTP90 < p90 {
+			p90, ok = r.TTFTP90, true
+		}
+	}
+	return p90, ok
+}
+
+// writeSimPlots writes, into dir, TTFT p90 against link bandwidth per
+// policy (one plot per model, time scale, node count and host tier), and,
+// when the grid spans several models, each pool policy's TTFT p90
+// relative to the best no-pool policy against the model's KV bytes per
+// token, one line per link bandwidth.
+func writeSimPlots(dir string, rows []simRow) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	type group struct {
+		model string
+		scale float64
+		nodes int
+		host  float64
+	}
+	groups := map[group][]simRow{}
+	var order []group
+	for _, r := range rows {
+		g := group{r.Model, r.TimeScale, r.Nodes, r.HostGB}
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], r)
+	}
+	var errs []error
+	for _, g := range order {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s, %d nodes, time scale %g", g.model, g.nodes, g.scale)
+		p.X.Label.Text = "network into each node, Gbit/s"
+		p.Y.Label.Text = "TTFT p90, s"
+		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		var lines []any
+		for _, pol := range policiesIn(groups[g]) {
+			var xys plotter.XYs
+			for _, r := range groups[g] {
+				if r.Policy == pol && r.LinkGbps > 0 {
+					xys = append(xys, plotter.XY{X: r.LinkGbps, Y: r.TTFTP90})
+				}
+			}
+			slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+			lines = append(lines, pol, xys)
+		}
+		if err := plotutil.AddLinePoints(p, lines...); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		name := fmt.Sprintf("ttft-p90-vs-link-%s-x%g-n%d.png", g.model, g.scale, g.nodes)
+		errs = append(errs, p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name)))
+	}
+	errs = append(errs, plotKVBytes(dir, rows))
+	return errors.Join(errs...)
+}
+
+func policiesIn(rows []simRow) []string {
+	var out []string
+	for _, r := range rows {
+		if !slices.Contains(out, r.Policy) {
+			out = append(out, r.Policy)
+		}
+	}
+	return out
+}
+
+// plotKVBytes plots the pool's TTFT p90 over the best no-pool policy's
+// against KV bytes per token, one line per link bandwidth: below 1 the
+// pool pays.
+func plotKVBytes(dir string, rows []simRow) error {
+	type point struct {
+		model string
+		link  float64
+		scale float64
+		nodes int
+	}
+	byPoint := map[point][]simRow{}
+	models := map[string]bool{}
+	for _, r := range rows {
+		p := point{r.Model, r.LinkGbps, r.TimeScale, r.Nodes}
+		byPoint[p] = append(byPoint[p], r)
+		models[r.Model] = true
+	}
+	if len(models) < 2 {
+		return nil
+	}
+	pool := "pool-split"
+	if !slices.ContainsFunc(rows, func(r simRow) bool { return r.Policy == pool }) {
+		pool = "pool"
+	}
+	links := map[float64]plotter.XYs{}
+	for p, rs := range byPoint {
+		best, ok := bestNoPool(rs)
+		i := slices.IndexFunc(rs, func(r simRow) bool { return r.Policy == pool })
+		if !ok || i < 0 || best <= 0 {
+			continue
+		}
+		links[p.link] = append(links[p.link], plotter.XY{X: rs[i].KVBytesPerToken, Y: rs[i].TTFTP90 / best})
+	}
+	if len(links) == 0 {
+		return nil
+	}
+	p := plot.New()
+	p.Title.Text = pool + " TTFT p90 / best no-pool policy's"
+	p.X.Label.Text = "KV bytes per token"
+	p.Y.Label.Text = "ratio (below 1: the pool pays)"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	var keys []float64
+	for k := range links {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var lines []any
+	for _, k := range keys {
+		xys := links[k]
+		slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+		lines = append(lines, fmt.Sprintf("%g Gbit/s", k), xys)
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return err
+	}
+	return p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, "ttft-p90-ratio-vs-kv-bytes.png"))
+}

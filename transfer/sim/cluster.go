@@ -126,15 +126,30 @@ func Run(cfg Config, reqs []Request, progress func(done, total int)) (Result, er
 	if len(reqs) == 0 {
 		return Result{}, fmt.Errorf("sim: no requests")
 	}
-	c := &cluster{cfg: cfg, reqs: reqs, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b7670)), index: map[string]int{}}
-	if err := c.setup(); err != nil {
+	c, err := newCluster(cfg, reqs)
+	if err != nil {
 		return Result{}, err
 	}
-	step, reported := max(1, len(reqs)/200), 0
+	c.loop(progress)
+	if c.done != len(reqs) {
+		return Result{}, fmt.Errorf("sim: internal error: %d of %d requests finished", c.done, len(reqs))
+	}
+	c.summarize()
+	return c.res, nil
+}
+
+func newCluster(cfg Config, reqs []Request) (*cluster, error) {
+	c := &cluster{cfg: cfg, reqs: reqs, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b7670)), index: map[string]int{}}
+	return c, c.setup()
+}
+
+// loop runs events until none are left.
+func (c *cluster) loop(progress func(done, total int)) {
+	step, reported := max(1, len(c.reqs)/200), 0
 	for {
 		e, ok := c.q.Pop()
 		if !ok {
-			break
+			return
 		}
 		c.now = e.AtS
 		switch e.Kind {
@@ -145,18 +160,11 @@ func Run(cfg Config, reqs []Request, progress func(done, total int)) (Result, er
 		case evLink:
 			c.linkEvent(e.Arg)
 		}
-		if progress != nil && c.done >= reported+step || (c.done == len(reqs) && reported < c.done) {
+		if progress != nil && (c.done >= reported+step || (c.done == len(c.reqs) && reported < c.done)) {
 			reported = c.done
-			if progress != nil {
-				progress(c.done, len(reqs))
-			}
+			progress(c.done, len(c.reqs))
 		}
 	}
-	if c.done != len(reqs) {
-		return Result{}, fmt.Errorf("sim: internal error: %d of %d requests finished", c.done, len(reqs))
-	}
-	c.summarize()
-	return c.res, nil
 }
 
 // setup checks the requests against the config, gives their blocks dense

@@ -36,6 +36,7 @@ type simOptions struct {
 	json        bool
 	sweeps      []string
 	plot        string
+	plotFrom    []string
 	profiles    []string
 	progress    string
 
@@ -70,6 +71,7 @@ func (o *simOptions) register(fl *pflag.FlagSet) {
 	fl.BoolVar(&o.json, "json", false, "print one JSON object per run (policy × grid point) in an array")
 	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb; repeatable (the grid is every combination)")
 	fl.StringVar(&o.plot, "plot", "", "write PNG plots to this directory: TTFT p90 against link bandwidth per policy (per model), and against KV bytes per token")
+	fl.StringSliceVar(&o.plotFrom, "plot-from", nil, "with --plot: plot the runs in these files (what --json printed) instead of simulating; repeatable, so runs at different time scales share the plots")
 	fl.StringSliceVar(&o.profiles, "profiles", nil, "extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable")
 	fl.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always, never")
 	fl.IntVar(&o.gpus, "gpus-per-engine", 0, "GPUs per engine, tensor parallel; prefill and decode scale ideally (0: the model's serving profile: 1 for 8B, 2 for 70B, 8 for DeepSeek-V3)")
@@ -347,6 +349,9 @@ func (o *simOptions) setup() (*simSetup, []simPoint, error) {
 }
 
 func runSim(e *env, o *simOptions) error {
+	if len(o.plotFrom) > 0 {
+		return replotSim(o)
+	}
 	s, points, err := o.setup()
 	if err != nil {
 		return err
@@ -423,6 +428,26 @@ func runSim(e *env, o *simOptions) error {
 	}
 	printSimTable(e.stdout, rows, len(traces[points[0].timeScale]))
 	return nil
+}
+
+// replotSim draws --plot from saved --json output.
+func replotSim(o *simOptions) error {
+	if o.plot == "" {
+		return usagef("--plot-from needs --plot DIR")
+	}
+	var rows []simRow
+	for _, file := range o.plotFrom {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return usage(err)
+		}
+		var rs []simRow
+		if err := json.Unmarshal(b, &rs); err != nil {
+			return usage(fmt.Errorf("%s: not kvpool sim --json output: %w", file, err))
+		}
+		rows = append(rows, rs...)
+	}
+	return writeSimPlots(o.plot, rows)
 }
 
 func printSimTable(w io.Writer, rows []simRow, requests int) {

@@ -148,8 +148,9 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	}
 	ans := PlanAnswer{Model: q.Model, BlockTokens: q.BlockTokens, ChainBlocks: len(q.Keys), Reference: cfg.Accelerator, Nodes: map[string]PlanNode{}}
 	var errs []error
+	everyNode := len(want) == 0 // decided once: the loop empties want
 	for _, ni := range nodes {
-		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: len(want) == 0 || want[ni.rec.ID]}
+		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
 		delete(want, ni.rec.ID)
 		if node.Candidate {
 			accel := ni.rec.Accelerator

@@ -2,7 +2,9 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -294,5 +296,45 @@ func TestPlanRPCValidation(t *testing.T) {
 	}
 	if err := cl.ReportLoad(context.Background(), api.Load{Model: "gpt-9"}); api.Code(err).String() != "InvalidArgument" {
 		t.Errorf("report for an unknown model: %v", err)
+	}
+}
+
+// Plan considers exactly the candidates asked for, and Estimate answers
+// for the node named (or the one asked), whichever node answers: the
+// candidate set was once decided per node, so that every node listed
+// after the first candidate became one too.
+func TestPlanCandidatesAndEstimates(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3})
+	keys := chainKeys(t, 75, 4)
+	putBlocks(t, c.Client(1, api.PathData), keys[:3], 4096)
+	c.Converged(10 * time.Second)
+	ctx := context.Background()
+	req := api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys}
+	for i := range 3 {
+		cl := c.Client(i, api.PathData)
+		self := fmt.Sprintf("node-%d", i)
+		est, err := cl.Estimate(ctx, req, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(est.Nodes) != 1 || est.Nodes[0].Node != self {
+			t.Errorf("node %d's estimate for itself answered for %+v", i, est.Nodes)
+		}
+		for _, want := range [][]string{{"node-0"}, {"node-2"}, {"node-1", "node-2"}, {"node-0", "node-1", "node-2"}} {
+			r := req
+			r.Candidates = want
+			p, err := cl.Plan(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, n := range p.Nodes {
+				got = append(got, n.Node)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("node %d planned candidates %v for %v", i, got, want)
+			}
+		}
 	}
 }

@@ -61,7 +61,9 @@ func (d *demoCluster) close() {
 	}
 }
 
-func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64, log *slog.Logger) (*demoCluster, error) {
+// startDemoCluster starts an embedded etcd and n daemons on loopback, in
+// this process, each holding capacity bytes; close stops them all.
+func startDemoCluster(ctx context.Context, dir string, n int, capacity, maxBlock int64, log *slog.Logger) (*demoCluster, error) {
 	d := &demoCluster{}
 	e, err := embedded.Start(embedded.Config{Dir: filepath.Join(dir, "etcd"), ClientURL: "http://127.0.0.1:0", Fast: true})
 	if err != nil {
@@ -69,7 +71,7 @@ func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64,
 	}
 	d.etcd = e
 	d.stops = append(d.stops, func() { e.Close() })
-	for i := range 3 {
+	for i := range n {
 		cli, err := metadata.NewClient([]string{e.ClientURL()})
 		if err != nil {
 			d.close()
@@ -81,7 +83,7 @@ func startDemoCluster(ctx context.Context, dir string, capacity, maxBlock int64,
 		cfg.ShmSocket = filepath.Join(dir, fmt.Sprintf("node-%d.sock", i))
 		cfg.MaxBlockBytes = maxBlock
 		cfg.Etcd, cfg.LeaseTTL = cli, 2*time.Second
-		cfg.Zone = []string{"rack-a", "rack-a", "rack-b"}[i]
+		cfg.Zone = []string{"rack-a", "rack-a", "rack-b"}[i%3]
 		cfg.Logger = log
 		n, err := pool.New(cfg)
 		if err != nil {
@@ -109,7 +111,7 @@ func runDemo(ctx context.Context, e *env, blocks, blockTokens int, bytesPerToken
 	defer os.RemoveAll(dir)
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start := time.Now()
-	cl, err := startDemoCluster(ctx, dir, capacity, max(blockBytes, 1<<20), log)
+	cl, err := startDemoCluster(ctx, dir, 3, capacity, max(blockBytes, 1<<20), log)
 	if err != nil {
 		return err
 	}

@@ -123,6 +123,7 @@ Commands are <noun> <verb>. Run "kvpool cluster demo" to see a cluster at work,
 			clusterNodesCmd(e), clusterLocateCmd(e), clusterBlocksCmd(e), clusterStatsCmd(e), clusterLinksCmd(e), clusterDemoCmd(e)),
 		policyCmd(e),
 		simCmd(e),
+		replayCmd(e),
 		authCmd(e),
 	)
 	// The verbs of the previous release, hidden, for one release more.

@@ -58,7 +58,9 @@ type simOptions struct {
 	fetchFixedMS float64
 }
 
-func (o *simOptions) register(fl *pflag.FlagSet) {
+// registerShared adds the flags kvpool sim and kvpool replay share: the
+// trace, the cluster, the engine and the pool.
+func (o *simOptions) registerShared(fl *pflag.FlagSet) {
 	fl.StringVar(&o.trace, "trace", "", "the trace: Mooncake JSON Lines (timestamp ms, input_length, output_length, hash_ids); required")
 	fl.IntVar(&o.nodes, "nodes", 8, "engine nodes")
 	fl.StringVar(&o.model, "model", "llama3-8b", "model profile (llama3-8b, llama3-70b, deepseek-v3, llama3-8b-sparse8, or one from --profiles)")
@@ -66,12 +68,7 @@ func (o *simOptions) register(fl *pflag.FlagSet) {
 	fl.Float64Var(&o.linkGbps, "link-gbps", 100, "each node's network bandwidth into it, in Gbit/s (10^9 bits per second), shared by the fetches it receives")
 	fl.Float64Var(&o.timeScale, "time-scale", 1, "divide the trace's inter-arrival times by this: 2 is twice the load")
 	fl.IntVar(&o.blockTokens, "block-tokens", 512, "tokens per hash id in the trace (512 in Mooncake's)")
-	fl.StringSliceVar(&o.policies, "policies", nil, "routing policies to compare: round-robin, least-loaded, affinity, cost, pool, pool-split, oracle (default all)")
 	fl.Uint64Var(&o.seed, "seed", 1, "seed that breaks ties between equally good nodes")
-	fl.BoolVar(&o.json, "json", false, "print one JSON object per run (policy × grid point) in an array")
-	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb; repeatable (the grid is every combination)")
-	fl.StringVar(&o.plot, "plot", "", "write PNG plots to this directory: TTFT p90 against link bandwidth per policy (per model), and against KV bytes per token")
-	fl.StringSliceVar(&o.plotFrom, "plot-from", nil, "with --plot: plot the runs in these files (what --json printed) instead of simulating; repeatable, so runs at different time scales share the plots")
 	fl.StringSliceVar(&o.profiles, "profiles", nil, "extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable")
 	fl.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), always, never")
 	fl.IntVar(&o.gpus, "gpus-per-engine", 0, "GPUs per engine, tensor parallel; prefill and decode scale ideally (0: the model's serving profile: 1 for 8B, 2 for 70B, 8 for DeepSeek-V3)")
@@ -87,6 +84,15 @@ func (o *simOptions) register(fl *pflag.FlagSet) {
 	fl.StringVar(&o.hostPolicy, "host-policy", "lru", "eviction policy of the host tiers")
 	fl.Float64Var(&o.rttUS, "rtt-us", 20, "network round trip, µs, paid once per fetch")
 	fl.Float64Var(&o.fetchFixedMS, "fetch-fixed-ms", 1.0, "what one fetch costs beyond its bytes and the round trip, ms: `kvpool node bench --remote` measures about 1 ms per chain (pin, reserve, commit, publish)")
+}
+
+func (o *simOptions) register(fl *pflag.FlagSet) {
+	o.registerShared(fl)
+	fl.StringSliceVar(&o.policies, "policies", nil, "routing policies to compare: round-robin, least-loaded, affinity, cost, pool, pool-split, oracle (default all)")
+	fl.BoolVar(&o.json, "json", false, "print one JSON object per run (policy × grid point) in an array")
+	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb; repeatable (the grid is every combination)")
+	fl.StringVar(&o.plot, "plot", "", "write PNG plots to this directory: TTFT p90 against link bandwidth per policy (per model), and against KV bytes per token")
+	fl.StringSliceVar(&o.plotFrom, "plot-from", nil, "with --plot: plot the runs in these files (what --json printed) instead of simulating; repeatable, so runs at different time scales share the plots")
 }
 
 func simCmd(e *env) *cobra.Command {

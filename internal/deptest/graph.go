@@ -42,7 +42,10 @@ var Graph = map[string]Rules{
 	// etcd server; the bench harness runs nodes on an etcd it is given.
 	"pool":       {Forbidden: append(own("metadata/embedded", "pool/bench", "cmd/...", "test/...", "internal/..."), etcdServer)},
 	"pool/bench": {Forbidden: append(own("metadata/embedded", "cmd/...", "test/..."), etcdServer)},
-	"cmd/kvpool": {Forbidden: own("test/...")},
+	// The replay drives daemons as their clients and engines: no node of
+	// its own, no etcd.
+	"pool/replay": {Forbidden: append(own("pool", "pool/store", "pool/bench", "metadata/...", "cmd/...", "test/..."), "go.etcd.io/...")},
+	"cmd/kvpool":  {Forbidden: own("test/...")},
 	// Test helpers: the standard library only, or anything for the
 	// cluster tests.
 	"internal/deptest":    {OnlyModules: []string{}},

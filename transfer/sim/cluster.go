@@ -292,9 +292,10 @@ func (c *cluster) route(j *job) {
 		if candidate[i] {
 			node.Queue = dur(c.queueS(i))
 		}
-		if pol == Oracle {
+		switch {
+		case pol == Oracle:
 			node.Blocks = c.globalPrefix(j.chain)
-		} else {
+		case !c.cfg.NoGPUCache:
 			node.Blocks = e.gpu.Held(j.chain)
 		}
 		req.Nodes = append(req.Nodes, node)
@@ -399,7 +400,7 @@ func (c *cluster) kick(i int) {
 
 // admit reports whether e's memory has room for j now.
 func (c *cluster) admit(e *engine, j *job) bool {
-	if c.cfg.Policy == Oracle {
+	if c.cfg.Policy == Oracle || c.cfg.NoGPUCache {
 		return e.gpu.Fits(len(j.chain) + j.extra)
 	}
 	h := e.gpu.Held(j.chain)
@@ -417,10 +418,15 @@ func (c *cluster) start(e *engine, j *job) {
 		c.compute(e, j, j.local)
 		return
 	}
-	j.local = e.gpu.Prefix(j.chain, c.now)
-	e.gpu.Pin(j.chain, j.local)
-	if !e.gpu.Reserve(len(j.chain)-j.local+j.extra, c.now) {
-		panic("sim: INVARIANT: admitted a request its engine has no room for")
+	if c.cfg.NoGPUCache {
+		j.local = 0
+		e.gpu.Reserve(len(j.chain)+j.extra, c.now)
+	} else {
+		j.local = e.gpu.Prefix(j.chain, c.now)
+		e.gpu.Pin(j.chain, j.local)
+		if !e.gpu.Reserve(len(j.chain)-j.local+j.extra, c.now) {
+			panic("sim: INVARIANT: admitted a request its engine has no room for")
+		}
 	}
 	// The fetch as planned, if it is still possible and still useful.
 	if j.source >= 0 && j.pool > j.local {
@@ -512,19 +518,21 @@ func (c *cluster) firstToken(e *engine, j *job) {
 		j.srcTier = nil
 		if j.source == j.node {
 			o.FromHost = j.moving * B
-			c.res.HostToGPUBytes += float64(j.moving*B) * c.cfg.KVBytesPerToken
 		} else {
 			o.Fetched = j.moving * B
-			c.res.NetworkBytes += float64(j.moving*B) * c.cfg.KVBytesPerToken
-			c.res.Fetches++
 		}
 	}
 	o.Computed = j.req.InputTokens - o.Reused - o.FromHost - o.Fetched
-	if c.cfg.Policy == Oracle {
+	switch {
+	case c.cfg.Policy == Oracle:
 		for _, b := range j.chain {
 			c.seen[b] = true
 		}
-	} else {
+	case c.cfg.NoGPUCache:
+		if e.host != nil {
+			e.host.Insert(j.chain, 0, c.now)
+		}
+	default:
 		e.gpu.Release(len(j.chain) - j.local)
 		got := e.gpu.Insert(j.chain, j.local, c.now)
 		e.gpu.Pin(j.chain[j.local:], got-j.local)
@@ -546,7 +554,7 @@ func (c *cluster) firstToken(e *engine, j *job) {
 // finish frees j's memory and records it.
 func (c *cluster) finish(e *engine, j *job) {
 	j.doneS = c.now
-	if c.cfg.Policy == Oracle {
+	if c.cfg.Policy == Oracle || c.cfg.NoGPUCache {
 		e.gpu.Release(len(j.chain) + j.extra)
 	} else {
 		e.gpu.Unpin(j.chain, j.gpuPinned)

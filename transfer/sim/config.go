@@ -93,6 +93,12 @@ type Config struct {
 	GPUBlocks int
 	// HostBlocks is each node's kvpool host tier, in blocks; 0: none.
 	HostBlocks int
+	// NoGPUCache leaves the engines without a prefix cache of their own:
+	// GPU memory only holds running requests, and every reuse comes from
+	// the node's host tier. This is how kvpool replay emulates engines
+	// (they map kvpool's memory), so the simulator configured like a live
+	// cluster runs this way.
+	NoGPUCache bool
 	// GPUPolicy and HostPolicy order the tiers' evictions. Default LRU.
 	GPUPolicy, HostPolicy eviction.Kind
 	// HostToGPUBytesPerSecond is the rate blocks load from the node's

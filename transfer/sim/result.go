@@ -81,8 +81,8 @@ func Percentile(sorted []float64, q float64) float64 {
 	return sorted[i] + (pos-float64(i))*(sorted[i+1]-sorted[i])
 }
 
-// Summarize is the Stats of xs (which it sorts).
-func Summarize(xs []float64) Stats {
+// Distribution is the Stats of xs (which it sorts).
+func Distribution(xs []float64) Stats {
 	if len(xs) == 0 {
 		return Stats{}
 	}
@@ -95,14 +95,26 @@ func Summarize(xs []float64) Stats {
 }
 
 func (c *cluster) summarize() {
-	r := &c.res
-	r.Policy = c.cfg.Policy.String()
-	r.Requests = len(c.reqs)
-	ttft := make([]float64, 0, len(c.reqs))
+	c.res = Summarize(c.cfg.Policy.String(), c.reqs, c.res.Outcomes)
+	for _, o := range c.res.Outcomes {
+		if o.Fetched > 0 {
+			c.res.Fetches++
+		}
+		c.res.NetworkBytes += float64(o.Fetched) * c.cfg.KVBytesPerToken
+		c.res.HostToGPUBytes += float64(o.FromHost) * c.cfg.KVBytesPerToken
+	}
+}
+
+// Summarize reports a run from every request's outcome (by ID, one per
+// request): the distributions, throughput and token shares. It leaves
+// the byte counts and fetches to the caller, who knows what moved.
+func Summarize(policy string, reqs []Request, outcomes []Outcome) Result {
+	r := Result{Policy: policy, Requests: len(reqs), Outcomes: outcomes}
+	ttft := make([]float64, 0, len(reqs))
 	var tpot []float64
 	first, last, out := math.Inf(1), 0.0, 0
-	for _, o := range r.Outcomes {
-		req := &c.reqs[o.ID]
+	for _, o := range outcomes {
+		req := &reqs[o.ID]
 		ttft = append(ttft, o.TTFTS)
 		if req.OutputTokens > 1 {
 			tpot = append(tpot, o.TPOTS)
@@ -118,15 +130,16 @@ func (c *cluster) summarize() {
 			r.FetchesFailed++
 		}
 	}
-	r.TTFT, r.TPOT = Summarize(ttft), Summarize(tpot)
+	r.TTFT, r.TPOT = Distribution(ttft), Distribution(tpot)
 	r.MakespanS = last - first
 	if r.MakespanS > 0 {
 		r.OutputTokensPerS = float64(out) / r.MakespanS
-		r.RequestsPerS = float64(len(c.reqs)) / r.MakespanS
+		r.RequestsPerS = float64(len(reqs)) / r.MakespanS
 	}
 	if in := float64(r.InputTokens); in > 0 {
 		r.GPUHitRatio = float64(r.ReusedTokens) / in
 		r.HostHitRatio = float64(r.HostTokens) / in
 		r.PoolHitRatio = float64(r.FetchedTokens) / in
 	}
+	return r
 }

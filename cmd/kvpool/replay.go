@@ -60,14 +60,13 @@ their own (they map kvpool's memory), the daemons' capacity as host tiers.`,
   kvpool replay --trace conversation_trace.jsonl --servers 10.0.0.1:7070,10.0.0.2:7070 --tls-ca ca.pem --token-file t`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("nodes") {
-				o.sim.nodes = 3
-			}
 			return runReplay(cmd.Context(), e, o)
 		},
 	}
 	fl := c.Flags()
 	o.sim.registerShared(fl)
+	o.sim.nodes = 3 // a demo-sized cluster by default
+	fl.Lookup("nodes").DefValue = "3"
 	fl.StringSliceVar(&o.servers, "servers", nil, "daemons to replay against, one engine each (default: start --nodes daemons here)")
 	fl.IntVar(&o.requests, "requests", 600, "replay the trace's first N requests (0: all)")
 	fl.IntVar(&o.blockBytes, "block-bytes", 16<<10, "bytes each stored block holds")
@@ -108,9 +107,6 @@ func runReplay(ctx context.Context, e *env, o *replayOptions) error {
 		return err
 	}
 	var errs []error
-	if len(o.sim.sweeps) > 0 {
-		errs = append(errs, errors.New("replay runs one cluster: no --sweep"))
-	}
 	if o.requests < 0 || o.blockBytes < 1 {
 		errs = append(errs, fmt.Errorf("--requests %d and --block-bytes %d: want ≥ 0 and ≥ 1", o.requests, o.blockBytes))
 	}
@@ -152,7 +148,7 @@ func runReplay(ctx context.Context, e *env, o *replayOptions) error {
 		defer os.RemoveAll(dir)
 		pageBytes := int64(4 << 10)
 		perBlock := (int64(o.blockBytes) + pageBytes - 1) / pageBytes * pageBytes
-		cl, err := startDemoCluster(ctx, dir, p.nodes, max(int64(hostBlocks), 1)*perBlock, max(int64(o.blockBytes), 1<<20), log)
+		cl, err := startDemoCluster(ctx, dir, p.nodes, max(int64(hostBlocks), 1)*perBlock, perBlock, log)
 		if err != nil {
 			return err
 		}

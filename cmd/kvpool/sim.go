@@ -83,7 +83,7 @@ func (o *simOptions) registerShared(fl *pflag.FlagSet) {
 	fl.StringVar(&o.gpuPolicy, "gpu-policy", "lru", "eviction policy of the GPU prefix caches")
 	fl.StringVar(&o.hostPolicy, "host-policy", "lru", "eviction policy of the host tiers")
 	fl.Float64Var(&o.rttUS, "rtt-us", 20, "network round trip, µs, paid once per fetch")
-	fl.Float64Var(&o.fetchFixedMS, "fetch-fixed-ms", 1.0, "what one fetch costs beyond its bytes and the round trip, ms: `kvpool node bench --remote` measures about 1 ms per chain (pin, reserve, commit, publish)")
+	fl.Float64Var(&o.fetchFixedMS, "fetch-fixed-ms", 1.0, "what one fetch costs beyond its bytes and the round trip, ms: kvpool node bench --remote measures about 1 ms per chain (pin, reserve, commit, publish)")
 }
 
 func (o *simOptions) register(fl *pflag.FlagSet) {

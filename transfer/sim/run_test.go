@@ -340,3 +340,24 @@ func TestTheConversationTrace(t *testing.T) {
 		t.Log(fmt.Sprintf("%-10s ttft p50 %.3f p90 %.3f p99 %.3f s", pol, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99))
 	}
 }
+
+// Without GPU prefix caches (how replay's engines run) every reuse comes
+// from the node's host tier, loaded at its host-to-GPU rate.
+func TestNoGPUCacheReusesFromTheHostTier(t *testing.T) {
+	var reqs []Request
+	for i := range 4 {
+		reqs = append(reqs, req(i, float64(10*i), 1, 0, 1, 2, 3, uint64(100+i)))
+	}
+	cfg := testConfig(t, 1, Cost)
+	cfg.NoGPUCache = true
+	r := run(t, cfg, reqs)
+	for i, o := range r.Outcomes[1:] {
+		// 0.1 s for the fifth block, 400 kB at 1 GB/s for the other four.
+		if o.Reused != 0 || o.FromHost != 400 || !approx(o.TTFTS, 0.1+400e3/1e9) {
+			t.Errorf("request %d: %+v; want 400 tokens from the host tier in 0.1004 s", i+1, o)
+		}
+	}
+	if r.HostToGPUBytes != 3*400e3 {
+		t.Errorf("%v bytes loaded from the host tier, want 1.2e6", r.HostToGPUBytes)
+	}
+}

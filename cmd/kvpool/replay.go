@@ -27,6 +27,7 @@ type replayOptions struct {
 	noCompare  bool
 	onePlan    bool
 	outcomes   string
+	tenant     string
 	timeout    time.Duration
 	creds      credFlags
 }
@@ -74,6 +75,7 @@ their own (they map kvpool's memory), the daemons' capacity as host tiers.`,
 	fl.BoolVar(&o.noCompare, "no-compare", false, "do not run the simulator on the same cluster")
 	fl.BoolVar(&o.onePlan, "one-daemon-plans", false, "route with one daemon's Plan for all nodes (daemons take turns), whose view of the other engines' queues is as old as gossip (up to about 1 s), instead of asking each daemon for its own node's plan")
 	fl.StringVar(&o.outcomes, "outcomes", "", "write every request's outcome, replayed and simulated, to this file (JSON Lines)")
+	fl.StringVar(&o.tenant, "tenant", "replay", "tenant the replay's blocks belong to (a fresh namespace per run); with credentials, one they may use")
 	fl.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound on each call to a daemon")
 	o.creds.register(c)
 	return c
@@ -188,7 +190,7 @@ func runReplay(ctx context.Context, e *env, o *replayOptions) error {
 	rc := replay.Config{
 		Clients: clients, Trace: reqs, Engine: cfg, Model: p.model,
 		LinkBytesPerSecond: cfg.NetworkBytesPerSecond, FetchFixed: time.Duration(cfg.FetchFixedS * float64(time.Second)),
-		BlockBytes: o.blockBytes, Tenant: "replay", Namespace: fmt.Sprintf("run-%d", time.Now().UnixNano()),
+		BlockBytes: o.blockBytes, Tenant: o.tenant, Namespace: fmt.Sprintf("run-%d", time.Now().UnixNano()),
 		Timeout: o.timeout, Logger: log, OneDaemonPlans: o.onePlan, Progress: bar.reporter(0),
 	}
 	res, err := replay.Run(ctx, rc)

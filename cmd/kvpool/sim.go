@@ -83,14 +83,14 @@ func (o *simOptions) registerShared(fl *pflag.FlagSet) {
 	fl.StringVar(&o.gpuPolicy, "gpu-policy", "lru", "eviction policy of the GPU prefix caches")
 	fl.StringVar(&o.hostPolicy, "host-policy", "lru", "eviction policy of the host tiers")
 	fl.Float64Var(&o.rttUS, "rtt-us", 20, "network round trip, µs, paid once per fetch")
-	fl.Float64Var(&o.fetchFixedMS, "fetch-fixed-ms", 1.0, "what one fetch costs beyond its bytes and the round trip, ms: kvpool node bench --remote measures about 1 ms per chain (pin, reserve, commit, publish)")
+	fl.Float64Var(&o.fetchFixedMS, "fetch-fixed-ms", 0.53, "what one fetch costs beyond its bytes and the round trip, ms (the call, pin, reserve, commit, publish): the intercept of kvpool node bench --remote's p50 per Fetch against its bytes, over chains of 4, 16 and 64 2-MiB blocks")
 }
 
 func (o *simOptions) register(fl *pflag.FlagSet) {
 	o.registerShared(fl)
 	fl.StringSliceVar(&o.policies, "policies", nil, "routing policies to compare: round-robin, least-loaded, affinity, cost, pool, pool-split, oracle (default all)")
 	fl.BoolVar(&o.json, "json", false, "print one JSON object per run (policy × grid point) in an array")
-	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb; repeatable (the grid is every combination)")
+	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb, seed; repeatable (the grid is every combination)")
 	fl.StringVar(&o.plot, "plot", "", "write PNG plots to this directory: TTFT p90 against link bandwidth per policy (per model), and against KV bytes per token")
 	fl.StringSliceVar(&o.plotFrom, "plot-from", nil, "with --plot: plot the runs in these files (what --json printed) instead of simulating; repeatable, so runs at different time scales share the plots")
 }
@@ -136,6 +136,7 @@ Bandwidth units: --link-gbps is Gbit/s; --hbm-tbps, --h2d-gbps are bytes.`,
 
 // simPoint is one point of the grid.
 type simPoint struct {
+	seed      uint64
 	model     string
 	linkGbps  float64
 	timeScale float64
@@ -152,6 +153,7 @@ type simRow struct {
 	LinkGbps        float64 `json:"link_gbps"`
 	TimeScale       float64 `json:"time_scale"`
 	HostGB          float64 `json:"host_gb"`
+	Seed            uint64  `json:"seed"`
 	Policy          string  `json:"policy"`
 	Requests        int     `json:"requests"`
 	TTFTP50         float64 `json:"ttft_p50_s"`
@@ -181,7 +183,7 @@ type simRow struct {
 func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow {
 	return simRow{
 		Model: p.model, Accelerator: accelerator, KVBytesPerToken: kv, Nodes: p.nodes, LinkGbps: p.linkGbps,
-		TimeScale: p.timeScale, HostGB: p.hostGB, Policy: r.Policy, Requests: r.Requests,
+		TimeScale: p.timeScale, HostGB: p.hostGB, Seed: p.seed, Policy: r.Policy, Requests: r.Requests,
 		TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99, TTFTMean: r.TTFT.Mean,
 		TPOTP50: r.TPOT.P50, TPOTP90: r.TPOT.P90, TPOTMean: r.TPOT.Mean,
 		OutputTPS: r.OutputTokensPerS, RequestsPerS: r.RequestsPerS, MakespanS: r.MakespanS,
@@ -193,7 +195,7 @@ func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow
 
 // grid expands the sweeps into points, first sweep outermost.
 func (o *simOptions) grid() ([]simPoint, error) {
-	points := []simPoint{{model: o.model, linkGbps: o.linkGbps, timeScale: o.timeScale, nodes: o.nodes, hostGB: o.hostGB}}
+	points := []simPoint{{seed: o.seed, model: o.model, linkGbps: o.linkGbps, timeScale: o.timeScale, nodes: o.nodes, hostGB: o.hostGB}}
 	seen := map[string]bool{}
 	var errs []error
 	reported := map[string]bool{} // a bad value is reported once, not per point
@@ -226,8 +228,10 @@ func (o *simOptions) grid() ([]simPoint, error) {
 					q.hostGB, err = strconv.ParseFloat(v, 64)
 				case "nodes":
 					q.nodes, err = strconv.Atoi(v)
+				case "seed":
+					q.seed, err = strconv.ParseUint(v, 10, 64)
 				default:
-					err = errors.New("unknown parameter (want link-gbps, model, time-scale, nodes or host-gb)")
+					err = errors.New("unknown parameter (want link-gbps, model, time-scale, nodes, host-gb or seed)")
 				}
 				if err != nil {
 					if msg := fmt.Sprintf("--sweep %s=%s: %v", name, v, err); !reported[msg] {
@@ -289,7 +293,7 @@ func (s *simSetup) config(p simPoint, pol sim.Policy) (sim.Config, float64, erro
 		Nodes: p.nodes, Policy: pol, BlockTokens: o.blockTokens, MaxBatch: o.maxBatch,
 		GPUPolicy: s.gpuKind, HostPolicy: s.hostKind,
 		NetworkBytesPerSecond: p.linkGbps * 1e9 / 8, RTTS: o.rttUS * 1e-6, FetchFixedS: o.fetchFixedMS * 1e-3,
-		Seed: o.seed,
+		Seed: p.seed,
 	}
 	cfg.Decode.StepOverheadS = o.stepOverhead * 1e-3
 	if err := hw.Apply(&cfg, curve, kv); err != nil {

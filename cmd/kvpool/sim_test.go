@@ -64,7 +64,7 @@ func TestSimCommand(t *testing.T) {
 	saved := filepath.Join(dir, "runs.json")
 	os.WriteFile(saved, []byte(r.stdout), 0o644)
 	mustOK(t, kv(t, nil, "sim", "--plot", filepath.Join(dir, "plots"), "--plot-from", saved))
-	for _, name := range []string{"ttft-p90-vs-link-llama3-8b-x1-n2.png", "ttft-p90-vs-link-llama3-70b-x1-n2.png", "ttft-p90-ratio-vs-kv-bytes.png"} {
+	for _, name := range []string{"ttft-p90-vs-link-llama3-8b-x1-n2-h200.png", "ttft-p90-vs-link-llama3-70b-x1-n2-h200.png", "ttft-p90-ratio-vs-kv-bytes.png"} {
 		b, err := os.ReadFile(filepath.Join(dir, "plots", name))
 		if err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
 			t.Errorf("%s: %v (%d bytes)", name, err, len(b))

@@ -32,7 +32,8 @@ func bestNoPool(rows []simRow) (p90 float64, ok bool) {
 }
 
 // writeSimPlots writes, into dir, TTFT p90 against link bandwidth per
-// policy (one plot per model, time scale, node count and host tier), and,
+// policy (one plot per model, time scale, node count and host tier; runs
+// that differ by seed averaged), and,
 // when the grid spans several models, each pool policy's TTFT p90
 // relative to the best no-pool policy against the model's KV bytes per
 // token, one line per link bandwidth.
@@ -58,7 +59,7 @@ func writeSimPlots(dir string, rows []simRow) error {
 	var errs []error
 	for _, g := range order {
 		p := plot.New()
-		p.Title.Text = fmt.Sprintf("%s, %d nodes, time scale %g", g.model, g.nodes, g.scale)
+		p.Title.Text = fmt.Sprintf("%s, %d nodes, time scale %g, %g GB host tiers", g.model, g.nodes, g.scale, g.host)
 		p.X.Label.Text = "network into each node, Gbit/s"
 		p.Y.Label.Text = "TTFT p90, s"
 		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
@@ -70,18 +71,33 @@ func writeSimPlots(dir string, rows []simRow) error {
 					xys = append(xys, plotter.XY{X: r.LinkGbps, Y: r.TTFTP90})
 				}
 			}
-			slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-			lines = append(lines, pol, xys)
+			lines = append(lines, pol, meanByX(xys))
 		}
 		if err := plotutil.AddLinePoints(p, lines...); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		name := fmt.Sprintf("ttft-p90-vs-link-%s-x%g-n%d.png", g.model, g.scale, g.nodes)
+		name := fmt.Sprintf("ttft-p90-vs-link-%s-x%g-n%d-h%g.png", g.model, g.scale, g.nodes, g.host)
 		errs = append(errs, p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name)))
 	}
 	errs = append(errs, plotKVBytes(dir, rows))
 	return errors.Join(errs...)
+}
+
+// meanByX sorts xys by X and averages the Ys of equal Xs: runs that
+// differ only by seed make one point.
+func meanByX(xys plotter.XYs) plotter.XYs {
+	slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+	var out plotter.XYs
+	for i := 0; i < len(xys); {
+		j, sum := i, 0.0
+		for ; j < len(xys) && xys[j].X == xys[i].X; j++ {
+			sum += xys[j].Y
+		}
+		out = append(out, plotter.XY{X: xys[i].X, Y: sum / float64(j-i)})
+		i = j
+	}
+	return out
 }
 
 func policiesIn(rows []simRow) []string {
@@ -103,11 +119,13 @@ func plotKVBytes(dir string, rows []simRow) error {
 		link  float64
 		scale float64
 		nodes int
+		host  float64
+		seed  uint64
 	}
 	byPoint := map[point][]simRow{}
 	models := map[string]bool{}
 	for _, r := range rows {
-		p := point{r.Model, r.LinkGbps, r.TimeScale, r.Nodes}
+		p := point{r.Model, r.LinkGbps, r.TimeScale, r.Nodes, r.HostGB, r.Seed}
 		byPoint[p] = append(byPoint[p], r)
 		models[r.Model] = true
 	}
@@ -142,9 +160,7 @@ func plotKVBytes(dir string, rows []simRow) error {
 	slices.Sort(keys)
 	var lines []any
 	for _, k := range keys {
-		xys := links[k]
-		slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-		lines = append(lines, fmt.Sprintf("%g Gbit/s", k), xys)
+		lines = append(lines, fmt.Sprintf("%g Gbit/s", k), meanByX(links[k]))
 	}
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return err

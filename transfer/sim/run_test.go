@@ -332,7 +332,7 @@ func TestTheConversationTrace(t *testing.T) {
 	curve, _ := p.Curve("llama3-8b", "h200")
 	hw, _ := DefaultHardware("llama3-8b", "h200")
 	for _, pol := range []Policy{Cost, PoolSplit, Oracle} {
-		cfg := Config{Nodes: 8, Policy: pol, HostBlocks: 2980, NetworkBytesPerSecond: 100e9 / 8, RTTS: 20e-6, FetchFixedS: 1e-3}
+		cfg := Config{Nodes: 8, Policy: pol, HostBlocks: 2980, NetworkBytesPerSecond: 100e9 / 8, RTTS: 20e-6, FetchFixedS: 0.53e-3}
 		if err := hw.Apply(&cfg, curve, m.KVBytesPerToken()); err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,9 @@ import (
 // of them is what the pool must beat.
 var noPool = []string{"round-robin", "least-loaded", "affinity", "cost"}
 
+// poolPolicies are the ones whose results depend on the link.
+var poolPolicies = []string{"pool", "pool-split"}
+
 // bestNoPool is the lowest TTFT p90 among the no-pool policies of rows
 // at one grid point; ok is false when none ran.
 func bestNoPool(rows []simRow) (p90 float64, ok bool) {
@@ -61,8 +64,16 @@ func writeSimPlots(dir string, rows []simRow) error {
 		p := plot.New()
 		p.Title.Text = fmt.Sprintf("%s, %d nodes, time scale %g, %g GB host tiers", g.model, g.nodes, g.scale, g.host)
 		p.X.Label.Text = "network into each node, Gbit/s"
-		p.Y.Label.Text = "TTFT p90, s"
+		p.Y.Label.Text = "TTFT p90, s (log scale)"
 		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		// Round-robin can be 20× the rest: a log scale keeps them apart.
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		var links []float64
+		for _, r := range groups[g] {
+			if !slices.Contains(links, r.LinkGbps) && r.LinkGbps > 0 {
+				links = append(links, r.LinkGbps)
+			}
+		}
 		var lines []any
 		for _, pol := range policiesIn(groups[g]) {
 			var xys plotter.XYs
@@ -71,12 +82,25 @@ func writeSimPlots(dir string, rows []simRow) error {
 					xys = append(xys, plotter.XY{X: r.LinkGbps, Y: r.TTFTP90})
 				}
 			}
-			lines = append(lines, pol, meanByX(xys))
+			xys = meanByX(xys)
+			if len(xys) == 1 && len(links) > 1 && !slices.Contains(poolPolicies, pol) {
+				// Run at one link: a policy that never fetches does not
+				// depend on it, so it is drawn across the grid.
+				y := xys[0].Y
+				xys = nil
+				for _, l := range links {
+					xys = append(xys, plotter.XY{X: l, Y: y})
+				}
+				xys = meanByX(xys)
+			}
+			lines = append(lines, pol, xys)
 		}
 		if err := plotutil.AddLinePoints(p, lines...); err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		// Below round-robin's line, above the rest.
+		p.Legend.Top, p.Legend.YOffs = true, -1.2*vg.Centimeter
 		name := fmt.Sprintf("ttft-p90-vs-link-%s-x%g-n%d-h%g.png", g.model, g.scale, g.nodes, g.host)
 		errs = append(errs, p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name)))
 	}
@@ -112,22 +136,27 @@ func policiesIn(rows []simRow) []string {
 
 // plotKVBytes plots the pool's TTFT p90 over the best no-pool policy's
 // against KV bytes per token, one line per link bandwidth: below 1 the
-// pool pays.
+// pool pays. The no-pool policies do not depend on the link, so one run of
+// them per model (and load, nodes, host tier, seed) serves every link.
 func plotKVBytes(dir string, rows []simRow) error {
 	type point struct {
 		model string
-		link  float64
 		scale float64
 		nodes int
 		host  float64
 		seed  uint64
 	}
-	byPoint := map[point][]simRow{}
+	at := func(r simRow) point { return point{r.Model, r.TimeScale, r.Nodes, r.HostGB, r.Seed} }
+	best := map[point]float64{}
 	models := map[string]bool{}
 	for _, r := range rows {
-		p := point{r.Model, r.LinkGbps, r.TimeScale, r.Nodes, r.HostGB, r.Seed}
-		byPoint[p] = append(byPoint[p], r)
 		models[r.Model] = true
+		if !slices.Contains(noPool, r.Policy) {
+			continue
+		}
+		if b, ok := best[at(r)]; !ok || r.TTFTP90 < b {
+			best[at(r)] = r.TTFTP90
+		}
 	}
 	if len(models) < 2 {
 		return nil
@@ -137,13 +166,10 @@ func plotKVBytes(dir string, rows []simRow) error {
 		pool = "pool"
 	}
 	links := map[float64]plotter.XYs{}
-	for p, rs := range byPoint {
-		best, ok := bestNoPool(rs)
-		i := slices.IndexFunc(rs, func(r simRow) bool { return r.Policy == pool })
-		if !ok || i < 0 || best <= 0 {
-			continue
+	for _, r := range rows {
+		if b, ok := best[at(r)]; ok && r.Policy == pool && b > 0 {
+			links[r.LinkGbps] = append(links[r.LinkGbps], plotter.XY{X: r.KVBytesPerToken, Y: r.TTFTP90 / b})
 		}
-		links[p.link] = append(links[p.link], plotter.XY{X: rs[i].KVBytesPerToken, Y: rs[i].TTFTP90 / best})
 	}
 	if len(links) == 0 {
 		return nil

@@ -133,3 +133,22 @@ func TestReplayCommand(t *testing.T) {
 	}
 	t.Logf("replay p50 %.3f p90 %.3f; sim/replay %v", rep.Replay["ttft_p50_s"], rep.Replay["ttft_p90_s"], rep.Ratio)
 }
+
+// Plots of runs that span no range on an axis (one link, equal TTFTs,
+// two models with the same KV size) still draw.
+func TestSimPlotsDegenerateRanges(t *testing.T) {
+	dir := t.TempDir()
+	rows := []simRow{
+		{Model: "a", LinkGbps: 100, TimeScale: 1, Nodes: 2, HostGB: 1, Policy: "cost", KVBytesPerToken: 1000, TTFTP90: 1},
+		{Model: "a", LinkGbps: 100, TimeScale: 1, Nodes: 2, HostGB: 1, Policy: "pool-split", KVBytesPerToken: 1000, TTFTP90: 1},
+		{Model: "b", LinkGbps: 100, TimeScale: 1, Nodes: 2, HostGB: 1, Policy: "cost", KVBytesPerToken: 1000, TTFTP90: 1},
+		{Model: "b", LinkGbps: 100, TimeScale: 1, Nodes: 2, HostGB: 1, Policy: "pool-split", KVBytesPerToken: 1000, TTFTP90: 1},
+	}
+	if err := writeSimPlots(dir, rows); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 3 {
+		t.Fatalf("%d plots, want 3", len(entries))
+	}
+}

@@ -101,11 +101,23 @@ func writeSimPlots(dir string, rows []simRow) error {
 		}
 		// Below round-robin's line, above the rest.
 		p.Legend.Top, p.Legend.YOffs = true, -1.2*vg.Centimeter
+		logRange(&p.X)
+		logRange(&p.Y)
 		name := fmt.Sprintf("ttft-p90-vs-link-%s-x%g-n%d-h%g.png", g.model, g.scale, g.nodes, g.host)
 		errs = append(errs, p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name)))
 	}
 	errs = append(errs, plotKVBytes(dir, rows))
 	return errors.Join(errs...)
+}
+
+// logRange widens a log axis whose data span no range (one link, equal
+// TTFTs), which would otherwise be padded below zero.
+func logRange(a *plot.Axis) {
+	if a.Min > 0 && a.Max > a.Min*1.01 {
+		return
+	}
+	mid := math.Max(a.Max, 1e-9)
+	a.Min, a.Max = mid/2, mid*2
 }
 
 // meanByX sorts xys by X and averages the Ys of equal Xs: runs that
@@ -191,5 +203,6 @@ func plotKVBytes(dir string, rows []simRow) error {
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return err
 	}
+	logRange(&p.X)
 	return p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, "ttft-p90-ratio-vs-kv-bytes.png"))
 }

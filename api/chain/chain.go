@@ -80,16 +80,28 @@ type Config struct {
 // key per block, block 0 first. Each key names its whole prefix, so the
 // longest prefix a node holds is the length of the longest run of leading
 // keys it has.
-func Keys(cfg Config, tokens []uint32) ([][]byte, error) {
+func Keys(cfg Config, tokens []uint32) ([][]byte, error) { return KeysAfter(cfg, nil, tokens) }
+
+// KeysAfter is Keys for blocks that continue a chain after the block
+// whose key is parent (nil: from the chain's root, as Keys): what an
+// engine's event for blocks stored under a known parent needs. Extra's
+// block index counts from the first of these blocks.
+func KeysAfter(cfg Config, parent []byte, tokens []uint32) ([][]byte, error) {
 	if cfg.BlockTokens <= 0 {
 		return nil, fmt.Errorf("%w: block tokens %d must be positive", api.ErrInvalidArgument, cfg.BlockTokens)
 	}
 	n := len(tokens) / cfg.BlockTokens
 	keys := make([][]byte, 0, n)
-	parent, err := chainRoot(cfg)
-	if err != nil {
-		return nil, err
+	if parent == nil {
+		root, err := chainRoot(cfg)
+		if err != nil {
+			return nil, err
+		}
+		parent = root
+	} else if cfg.Scheme != SHA256 && cfg.Scheme != SHA256CBOR {
+		return nil, fmt.Errorf("%w: chain scheme %v", api.ErrInvalidArgument, cfg.Scheme)
 	}
+	var err error
 	var scratch []byte
 	for i := 0; i < n; i++ {
 		block := tokens[i*cfg.BlockTokens : (i+1)*cfg.BlockTokens]

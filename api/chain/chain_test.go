@@ -169,6 +169,30 @@ func TestChainKeysNameTheirPrefix(t *testing.T) {
 	}
 }
 
+// A chain continued after a known key is the same chain: an engine's
+// event for blocks stored under a parent gives the keys Keys gives for
+// the whole prompt.
+func TestKeysAfterContinuesAChain(t *testing.T) {
+	for _, scheme := range []Scheme{SHA256, SHA256CBOR} {
+		cfg := Config{Scheme: scheme, BlockTokens: 4, Seed: "s"}
+		tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+		whole, err := Keys(cfg, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail, err := KeysAfter(cfg, whole[0], tokens[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tail) != 2 || string(tail[0]) != string(whole[1]) || string(tail[1]) != string(whole[2]) {
+			t.Errorf("%v: the chain after block 0 differs from the whole chain's", scheme)
+		}
+	}
+	if _, err := KeysAfter(Config{BlockTokens: 4}, []byte("k"), []uint32{1, 2, 3, 4}); err == nil {
+		t.Error("continued a chain with no scheme")
+	}
+}
+
 func TestChainKeysRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{Scheme: SHA256, BlockTokens: 0},

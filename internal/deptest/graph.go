@@ -25,9 +25,10 @@ var Graph = map[string]Rules{
 	// The cluster map talks to etcd as a client only; the server is in
 	// metadata/embedded, which only cmd and tests start.
 	"metadata": {Forbidden: append(own("metadata/embedded", "pool/...", "transfer/...", "eviction/...", "cmd/...", "test/..."), etcdServer)},
-	// Engines' KV events, decoded: pure, the standard library only (its
-	// own TestDeps bans goroutines, locks, I/O and clocks).
-	"metadata/kvevents": {OnlyModules: []string{}},
+	// Engines' KV events, decoded and indexed: pure, on api/chain for the
+	// keys (its own TestDeps bans goroutines, locks, I/O and clocks).
+	"metadata/kvevents": {Forbidden: append(own("metadata", "metadata/embedded", "pool/...", "transfer/...", "eviction/...", "cmd/...", "test/..."),
+		"go.etcd.io/...", "github.com/hashicorp/...")},
 	"metadata/embedded": {Forbidden: own("pool/...", "transfer/...", "cmd/...", "test/...")},
 	// Transports move bytes and measure links: beside metadata, needing
 	// neither the cost model nor the control plane.

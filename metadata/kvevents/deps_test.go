@@ -6,8 +6,8 @@ import (
 	"github.com/kvpool/kvpool/internal/deptest"
 )
 
-// The decoder is pure: no goroutines, locks, clock or I/O, and nothing of
-// kvpool's.
+// The decoder and the index are pure: no goroutines, locks, clock or
+// I/O, and of kvpool only the chain keys.
 func TestDeps(t *testing.T) {
-	deptest.CheckPure(t, ".")
+	deptest.CheckPure(t, ".", "github.com/kvpool/kvpool/api/chain")
 }

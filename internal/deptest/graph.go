@@ -29,6 +29,9 @@ var Graph = map[string]Rules{
 	// keys (its own TestDeps bans goroutines, locks, I/O and clocks).
 	"metadata/kvevents": {Forbidden: append(own("metadata", "metadata/embedded", "pool/...", "transfer/...", "eviction/...", "cmd/...", "test/..."),
 		"go.etcd.io/...", "github.com/hashicorp/...")},
+	// Following the engines' event streams: ZeroMQ and the index.
+	"metadata/engines": {Forbidden: append(own("metadata", "metadata/embedded", "pool/...", "transfer/...", "eviction/...", "cmd/...", "test/..."),
+		"go.etcd.io/...", "github.com/hashicorp/...")},
 	"metadata/embedded": {Forbidden: own("pool/...", "transfer/...", "cmd/...", "test/...")},
 	// Transports move bytes and measure links: beside metadata, needing
 	// neither the cost model nor the control plane.

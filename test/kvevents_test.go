@@ -1,0 +1,173 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/metadata/engines"
+	"github.com/kvpool/kvpool/metadata/kvevents"
+)
+
+// publisher is an engine's event publisher in a separate process
+// (api/python/kvpool/kvevents.py, pyzmq and msgpack), driven line by line.
+type publisher struct {
+	t   *testing.T
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func startPublisher(t *testing.T, endpoint, replay string) *publisher {
+	t.Helper()
+	if out, err := pythonCmd(t, "-c", "import zmq, msgpack").CombinedOutput(); err != nil {
+		if os.Getenv("KVPOOL_REQUIRE_TOOLS") != "" {
+			t.Fatalf("python3-zmq and python3-msgpack are missing (KVPOOL_REQUIRE_TOOLS is set): %s", out)
+		}
+		t.Skipf("python3-zmq and python3-msgpack are missing: %s", out)
+	}
+	if replay == "" {
+		replay = "-"
+	}
+	cmd := pythonCmd(t, "-m", "kvpool.kvevents", endpoint, replay)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		cmd.Wait()
+	})
+	p := &publisher{t: t, in: in, out: bufio.NewScanner(stdout)}
+	if !p.out.Scan() || p.out.Text() != "ready" {
+		t.Fatalf("the publisher did not start: %q", p.out.Text())
+	}
+	return p
+}
+
+// do sends one command and returns the publisher's answer.
+func (p *publisher) do(line string) string {
+	p.t.Helper()
+	if _, err := fmt.Fprintln(p.in, line); err != nil {
+		p.t.Fatal(err)
+	}
+	if !p.out.Scan() {
+		p.t.Fatalf("the publisher stopped after %q", line)
+	}
+	if ans := p.out.Text(); strings.HasPrefix(ans, "ok") {
+		return ans
+	}
+	p.t.Fatalf("%q: %s", line, p.out.Text())
+	return ""
+}
+
+func hashKeys(ns ...int64) [][]byte {
+	var out [][]byte
+	for _, n := range ns {
+		out = append(out, []byte(kvevents.IntHash(n)))
+	}
+	return out
+}
+
+// Two engines publish from their own processes; one tracker follows both.
+// Stored blocks appear, removed ones go; a lost message is recovered from
+// the engine's replay socket; an engine without one forgets what it knew
+// rather than claim blocks it may have dropped; a restart clears.
+func TestEngineEventsFromSeparateProcesses(t *testing.T) {
+	requirePython(t)
+	a := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	aReplay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	b := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pa, pb := startPublisher(t, a, aReplay), startPublisher(t, b, "")
+	tr, err := engines.New(engines.Config{Engines: []engines.EngineConfig{
+		{Name: "a", Endpoint: a, Replay: aReplay},
+		{Name: "b", Endpoint: b},
+	}, RetryInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { tr.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	stats := func(name string) engines.Stats {
+		for _, s := range tr.Stats() {
+			if s.Name == name {
+				return s
+			}
+		}
+		t.Fatalf("no engine %s", name)
+		return engines.Stats{}
+	}
+	// A SUB socket misses what is sent before it has joined: publish
+	// until each tracker has heard its engine.
+	for _, p := range []struct {
+		name string
+		pub  *publisher
+	}{{"a", pa}, {"b", pb}} {
+		eventually.True(t, "the tracker hears engine "+p.name, 10*time.Second, func() bool {
+			p.pub.do("removed 999")
+			return stats(p.name).Messages > 0
+		})
+	}
+
+	// Stored, then visible.
+	t0 := time.Now()
+	pa.do("stored 1,2 - 2")
+	eventually.True(t, "a's blocks 1, 2", 5*time.Second, func() bool { return tr.Prefix(hashKeys(1, 2)) == 2 })
+	t.Logf("a BlockStored reached the tracker in %v", time.Since(t0))
+	pb.do("stored 101,102,103 - 2")
+	eventually.True(t, "b's blocks 101, 102, 103", 5*time.Second, func() bool { return tr.Prefix(hashKeys(101, 102, 103)) == 3 })
+
+	// Removed, then gone.
+	pa.do("stored 7,8 - 2")
+	pa.do("removed 8")
+	eventually.True(t, "a's block 8 gone", 5*time.Second, func() bool { return tr.Prefix(hashKeys(7, 8)) == 1 })
+
+	// A lost message on a: the next reveals the gap, and the replay
+	// socket fills it.
+	pa.do("drop stored 9 7 2")
+	pa.do("stored 10 9 2")
+	eventually.True(t, "a's 7, 9, 10 after the replay", 5*time.Second, func() bool { return tr.Prefix(hashKeys(7, 9, 10)) == 3 })
+	if s := stats("a"); s.Gaps != 1 || s.Replays != 1 || s.Lost != 0 {
+		t.Errorf("engine a: %d gaps, %d replays, %d lost; want 1, 1, 0", s.Gaps, s.Replays, s.Lost)
+	}
+
+	// A lost message on b, which has no replay socket: b's state is
+	// dropped (its earlier blocks may have gone in the lost message), and
+	// only what it stores afterwards counts.
+	pb.do("drop removed 103")
+	pb.do("stored 20 - 2")
+	eventually.True(t, "b's 20", 5*time.Second, func() bool { return tr.Prefix(hashKeys(20)) == 1 })
+	if n := tr.Prefix(hashKeys(101, 102, 103)); n != 0 {
+		t.Errorf("after a loss the tracker still claims %d blocks of b's old chain", n)
+	}
+	if s := stats("b"); s.Lost != 1 {
+		t.Errorf("engine b: %d losses, want 1", s.Lost)
+	}
+
+	// a restarts: its sequence starts again, and its cache is empty.
+	pa.do("restart")
+	pa.do("stored 30 - 2")
+	eventually.True(t, "a's 30 after its restart", 5*time.Second, func() bool { return tr.Prefix(hashKeys(30)) == 1 })
+	if n := tr.Prefix(hashKeys(7)); n != 0 {
+		t.Errorf("a restarted engine still holds block 7 (%d)", n)
+	}
+	if s := stats("a"); s.Restarts != 1 || s.Malformed != 0 {
+		t.Errorf("engine a: %d restarts, %d malformed; want 1, 0", s.Restarts, s.Malformed)
+	}
+}

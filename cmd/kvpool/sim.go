@@ -178,6 +178,8 @@ type simRow struct {
 	HostToGPUBytes  float64 `json:"host_to_gpu_bytes"`
 	Fetches         int     `json:"fetches"`
 	FetchesFailed   int     `json:"fetches_failed"`
+	GPUStored       int     `json:"gpu_stored_blocks"`
+	GPUEvicted      int     `json:"gpu_evicted_blocks"`
 }
 
 func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow {
@@ -190,6 +192,7 @@ func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow
 		InputTokens: r.InputTokens, Computed: r.ComputedTokens, Reused: r.ReusedTokens, FromHost: r.HostTokens, Fetched: r.FetchedTokens,
 		GPUHit: r.GPUHitRatio, HostHit: r.HostHitRatio, PoolHit: r.PoolHitRatio,
 		NetworkBytes: r.NetworkBytes, HostToGPUBytes: r.HostToGPUBytes, Fetches: r.Fetches, FetchesFailed: r.FetchesFailed,
+		GPUStored: r.GPUStored, GPUEvicted: r.GPUEvicted,
 	}
 }
 

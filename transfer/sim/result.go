@@ -63,6 +63,10 @@ type Result struct {
 	// the source had evicted a block.
 	Fetches       int `json:"fetches"`
 	FetchesFailed int `json:"fetches_failed"`
+	// GPUStored and GPUEvicted count the blocks the GPU caches stored and
+	// evicted, all nodes together: the events engines would publish.
+	GPUStored  int `json:"gpu_stored_blocks"`
+	GPUEvicted int `json:"gpu_evicted_blocks"`
 	// Outcomes is every request's, by ID.
 	Outcomes []Outcome `json:"-"`
 }
@@ -96,6 +100,10 @@ func Distribution(xs []float64) Stats {
 
 func (c *cluster) summarize() {
 	c.res = Summarize(c.cfg.Policy.String(), c.reqs, c.res.Outcomes)
+	for _, e := range c.engines {
+		c.res.GPUStored += e.gpu.Insertions
+		c.res.GPUEvicted += e.gpu.Evictions
+	}
 	for _, o := range c.res.Outcomes {
 		if o.Fetched > 0 {
 			c.res.Fetches++

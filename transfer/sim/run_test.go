@@ -252,6 +252,9 @@ func TestConservationAndDeterminism(t *testing.T) {
 			if !reflect.DeepEqual(a, b) {
 				t.Fatal("the same seed gave two different runs")
 			}
+			if pol != Oracle && (a.GPUStored < a.GPUEvicted || a.GPUEvicted == 0 || a.GPUStored-a.GPUEvicted > 4*cfg.GPUBlocks) {
+				t.Errorf("GPU caches stored %d blocks and evicted %d, with room for %d each", a.GPUStored, a.GPUEvicted, cfg.GPUBlocks)
+			}
 			t.Logf("ttft p50 %.3f p90 %.3f p99 %.3f; gpu %.2f host %.2f pool %.2f; fetches %d, %d failed", a.TTFT.P50, a.TTFT.P90, a.TTFT.P99, a.GPUHitRatio, a.HostHitRatio, a.PoolHitRatio, a.Fetches, a.FetchesFailed)
 		})
 	}

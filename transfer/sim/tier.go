@@ -13,8 +13,9 @@ import (
 type Tier struct {
 	// Capacity is how many blocks fit.
 	Capacity int
-	// Evictions counts the blocks evicted so far.
-	Evictions int
+	// Evictions and Insertions count the blocks evicted and stored so
+	// far: what an engine's KV events would announce.
+	Evictions, Insertions int
 
 	policy eviction.Policy
 	held   map[uint64]bool
@@ -89,6 +90,7 @@ func (t *Tier) Insert(chain []uint64, from int, nowS float64) int {
 		}
 		t.policy.Add(blk, now)
 		t.held[b] = true
+		t.Insertions++
 	}
 	return len(chain)
 }

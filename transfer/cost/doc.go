@@ -18,6 +18,13 @@
 //	fetch     = a + rtt + (p−h)·B·K/bw + P(n) − P(pB)
 //	split(k)  = a + max(P(kB) − P(hB), rtt + (p−k)·B·K/bw) + P(n) − P(pB)
 //
+// When the node's engine reports its GPU cache (g leading blocks in GPU
+// memory, Node.GPUBlocks) and the node knows its host-to-GPU rate hg, the
+// local prefix is h = max(g, host prefix) and the host blocks the GPU
+// lacks load first: a grows by (host prefix − g)·B·K/hg, and fetched
+// blocks move at min(bw, hg), since they cross to the GPU too. Without
+// those, every local block counts as usable at once.
+//
 // The split (Cake, ICML'25) computes blocks [h, k) while blocks [k, p)
 // load, and picks the block k ∈ [h, p] that balances both; k = h is the
 // pure fetch and k = p the pure recompute, so the split is never worse

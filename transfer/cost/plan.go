@@ -28,8 +28,19 @@ type Node struct {
 	Candidate bool
 	// Queue is how long a new request waits in the node's engine.
 	Queue time.Duration
-	// Blocks is how many leading blocks of the chain the node holds.
+	// Blocks is how many leading blocks of the chain the node holds in
+	// its kvpool host memory.
 	Blocks int
+	// GPUBlocks is how many leading blocks its engine holds in GPU memory
+	// (from the engine's KV events); 0 when none or unknown. The node's
+	// local prefix is the longer of the two.
+	GPUBlocks int
+	// HostToGPUBytesPerSecond prices the local blocks the GPU lacks,
+	// [GPUBlocks, Blocks): they load from host memory at this rate before
+	// the prefill. 0: free, for a node whose engine's cache is unknown
+	// (every local block counts as usable at once, as before engines
+	// reported their caches).
+	HostToGPUBytesPerSecond float64
 	// Prefill is the node's engine's prefill cost. Required for
 	// candidates.
 	Prefill Prefill
@@ -92,8 +103,12 @@ type NodePlan struct {
 	Node string
 	// Queue is the node's queue time, a.
 	Queue time.Duration
-	// LocalBlocks is h, the chain prefix the node holds.
-	LocalBlocks int
+	// LocalBlocks is h, the chain prefix the node holds (GPU or host), and
+	// GPUBlocks the part of it in GPU memory.
+	LocalBlocks, GPUBlocks int
+	// LocalLoad is loading the local blocks the GPU lacks from host
+	// memory; every total includes it.
+	LocalLoad time.Duration
 	// PoolBlocks is p, the prefix held by Source, the source that gives
 	// this node its best plan; p = h and Source empty when no node holds
 	// more of the chain over a usable link.
@@ -107,8 +122,9 @@ type NodePlan struct {
 	Recompute time.Duration
 	// Remainder is P(n) − P(pB): prefill past the pool prefix.
 	Remainder time.Duration
-	// RecomputeTotal = a + Recompute; FetchTotal = a + Transfer +
-	// Remainder (equal to RecomputeTotal when there is no source).
+	// RecomputeTotal = a + LocalLoad + Recompute; FetchTotal = a +
+	// LocalLoad + Transfer + Remainder (equal to RecomputeTotal when there
+	// is no source).
 	RecomputeTotal, FetchTotal time.Duration
 	// SplitBlocks is the k of the best split and SplitTotal its total;
 	// the head [h, k) computes while [k, p) loads.
@@ -167,8 +183,11 @@ func (r *Request) validate() error {
 	}
 	candidates := 0
 	for _, n := range r.Nodes {
-		if n.Blocks < 0 || n.Blocks > r.ChainBlocks {
-			bad("node %s holds %d blocks of a %d-block chain", n.ID, n.Blocks, r.ChainBlocks)
+		if n.Blocks < 0 || n.Blocks > r.ChainBlocks || n.GPUBlocks < 0 || n.GPUBlocks > r.ChainBlocks {
+			bad("node %s holds %d blocks (%d in GPU) of a %d-block chain", n.ID, n.Blocks, n.GPUBlocks, r.ChainBlocks)
+		}
+		if n.HostToGPUBytesPerSecond < 0 || math.IsNaN(n.HostToGPUBytesPerSecond) || math.IsInf(n.HostToGPUBytesPerSecond, 0) {
+			bad("node %s: host-to-GPU rate %v must be a non-negative number", n.ID, n.HostToGPUBytesPerSecond)
 		}
 		if n.Candidate {
 			candidates++
@@ -231,11 +250,17 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 	B := float64(r.BlockTokens)
 	P := func(blocks int) float64 { return c.Prefill.Seconds(float64(blocks) * B) }
 	pn := c.Prefill.Seconds(float64(n))
-	h := c.Blocks
-	a := c.Queue
+	h := max(c.Blocks, c.GPUBlocks)
+	// The local blocks the GPU lacks load first; a is the queue, then
+	// that load.
+	var localLoad time.Duration
+	if c.HostToGPUBytesPerSecond > 0 && c.Blocks > c.GPUBlocks {
+		localLoad = seconds(float64(c.Blocks-c.GPUBlocks) * B * r.KVBytesPerToken / c.HostToGPUBytesPerSecond)
+	}
+	a := c.Queue + localLoad
 	recompute := seconds(pn - P(h))
 	np := NodePlan{
-		Node: c.ID, Queue: a, LocalBlocks: h, PoolBlocks: h,
+		Node: c.ID, Queue: c.Queue, LocalBlocks: h, GPUBlocks: min(c.GPUBlocks, h), LocalLoad: localLoad, PoolBlocks: h,
 		Recompute: recompute, Remainder: recompute,
 		RecomputeTotal: a + recompute, FetchTotal: a + recompute,
 		SplitBlocks: h, SplitTotal: a + recompute,
@@ -255,11 +280,18 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 			continue
 		}
 		rtt := l.RTT.Seconds()
+		// Fetched blocks land in host memory and cross to the GPU as they
+		// arrive: a node whose host-to-GPU rate is known moves them at the
+		// slower of the two.
+		bw := l.BytesPerSecond
+		if h2d := c.HostToGPUBytesPerSecond; h2d > 0 {
+			bw = min(bw, h2d)
+		}
 		load := func(k int) float64 { // seconds to load blocks [k, p)
 			if k >= p {
 				return 0
 			}
-			return rtt + float64(p-k)*B*r.KVBytesPerToken/l.BytesPerSecond
+			return rtt + float64(p-k)*B*r.KVBytesPerToken/bw
 		}
 		remainder := pn - P(p)
 		cand := np

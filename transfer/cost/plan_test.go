@@ -77,6 +77,29 @@ func TestPlanExact(t *testing.T) {
 			}},
 		},
 		{
+			// The engine holds 2 blocks in GPU memory, the node's host
+			// memory 6: blocks 2..5 (400 kB) load at 4 MB/s, 100 ms,
+			// before the 400 ms of prefill past block 6.
+			name: "GPU tier and host tier",
+			req: base([]Node{
+				{ID: "a", Candidate: true, Prefill: c, Blocks: 6, GPUBlocks: 2, HostToGPUBytesPerSecond: 4e6},
+				{ID: "b", Candidate: true, Prefill: c, GPUBlocks: 7},
+			}, links{}),
+			want: []NodePlan{
+				{
+					// b's engine holds 7 blocks its daemon does not: free.
+					Node: "b", LocalBlocks: 7, GPUBlocks: 7, PoolBlocks: 7, Recompute: ms(300), Remainder: ms(300),
+					RecomputeTotal: ms(300), FetchTotal: ms(300), SplitBlocks: 7, SplitTotal: ms(300),
+					Plan: Recompute, Total: ms(300),
+				},
+				{
+					Node: "a", LocalBlocks: 6, GPUBlocks: 2, LocalLoad: ms(100), PoolBlocks: 6, Recompute: ms(400), Remainder: ms(400),
+					RecomputeTotal: ms(500), FetchTotal: ms(500), SplitBlocks: 6, SplitTotal: ms(500),
+					Plan: Recompute, Total: ms(500),
+				},
+			},
+		},
+		{
 			// The same without the split: the pure fetch wins.
 			name: "local prefix, fast link, no split",
 			req: func() *Request {
@@ -245,6 +268,8 @@ func TestPlanRejectsBadRequests(t *testing.T) {
 		"prefix beyond chain":  func(r *Request) { r.Nodes[0].Blocks = 11 },
 		"negative chain":       func(r *Request) { r.ChainBlocks = -1 },
 		"negative node blocks": func(r *Request) { r.Nodes[0].Blocks = -1 },
+		"gpu beyond chain":     func(r *Request) { r.Nodes[0].GPUBlocks = 11 },
+		"negative h2d":         func(r *Request) { r.Nodes[0].HostToGPUBytesPerSecond = -1 },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -269,11 +294,18 @@ func randomRequest(rng *rand.Rand) (*Request, links) {
 	l := links{}
 	for i := range nodes {
 		id := fmt.Sprintf("n%d", i)
-		r.Nodes = append(r.Nodes, Node{
+		n := Node{
 			ID: id, Candidate: rng.IntN(4) != 0 || i == 0, Blocks: rng.IntN(chain + 1),
 			Queue:   time.Duration(rng.Int64N(int64(2 * time.Second))),
 			Prefill: Scaled{Base: base, Factor: 0.25 + 2*rng.Float64()},
-		})
+		}
+		if rng.IntN(2) == 0 {
+			// An engine that reports its GPU cache, and a host-to-GPU rate
+			// above every B* here (up to 11 GB/s), as 48-54 GB/s is.
+			n.GPUBlocks = rng.IntN(chain + 1)
+			n.HostToGPUBytesPerSecond = 20e9 + 80e9*rng.Float64()
+		}
+		r.Nodes = append(r.Nodes, n)
 		for j := range nodes {
 			if j != i && rng.IntN(5) != 0 {
 				l[fmt.Sprintf("n%d>%s", j, id)] = Link{BytesPerSecond: 1e8 * math.Pow(10, 3*rng.Float64()), RTT: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
@@ -328,15 +360,29 @@ func TestPlanProperties(t *testing.T) {
 			}
 		}
 
-		// A longer local prefix never raises that node's total.
-		r3 := *r
-		r3.Nodes = append([]Node(nil), r.Nodes...)
-		i := rng.IntN(len(r3.Nodes))
-		if !r3.Nodes[i].Candidate || r3.Nodes[i].Blocks == r.ChainBlocks {
+		// A longer prefix in the engine's GPU memory never raises that
+		// node's total.
+		i := rng.IntN(len(r.Nodes))
+		id := r.Nodes[i].ID
+		if r.Nodes[i].Candidate && r.Nodes[i].GPUBlocks < r.ChainBlocks {
+			r4 := *r
+			r4.Nodes = append([]Node(nil), r.Nodes...)
+			r4.Nodes[i].GPUBlocks += 1 + rng.IntN(r.ChainBlocks-r4.Nodes[i].GPUBlocks)
+			if got := totals(t, &r4)[id]; got.Total > before[id].Total {
+				t.Fatalf("iter %d node %s: GPU prefix %d → %d raised the total %v → %v", iter, id, r.Nodes[i].GPUBlocks, r4.Nodes[i].GPUBlocks, before[id].Total, got.Total)
+			}
+		}
+
+		// Nor does a longer local prefix. (Not checked with a known GPU
+		// tier: host blocks then load before the prefill, not overlapped
+		// with a split's compute as fetched ones are, so a longer host
+		// prefix can cost a split a little overlap.)
+		if !r.Nodes[i].Candidate || r.Nodes[i].Blocks == r.ChainBlocks || r.Nodes[i].HostToGPUBytesPerSecond > 0 {
 			continue
 		}
+		r3 := *r
+		r3.Nodes = append([]Node(nil), r.Nodes...)
 		r3.Nodes[i].Blocks += 1 + rng.IntN(r.ChainBlocks-r3.Nodes[i].Blocks)
-		id := r3.Nodes[i].ID
 		if got := totals(t, &r3)[id]; got.Total > before[id].Total {
 			t.Fatalf("iter %d node %s: prefix %d → %d raised the total %v → %v", iter, id, r.Nodes[i].Blocks, r3.Nodes[i].Blocks, before[id].Total, got.Total)
 		}

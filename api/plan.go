@@ -57,8 +57,10 @@ type NodePlan struct {
 	Accelerator            string
 	PrefillTokensPerSecond float64 // at the prompt's length, after the engine's report
 	Queue                  time.Duration
-	LocalBlocks            int // leading blocks the node holds
-	PoolBlocks             int // leading blocks Source holds
+	LocalBlocks            int           // leading blocks the node holds (GPU or host)
+	GPUBlocks              int           // of them, in its engine's GPU memory
+	LocalLoad              time.Duration // loading the rest from host memory
+	PoolBlocks             int           // leading blocks Source holds
 	Source                 string
 	LinkBytesPerSecond     float64
 	LinkRTT                time.Duration
@@ -116,7 +118,8 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 func nodePlanFromProto(n *kvpoolv1.NodePlan) NodePlan {
 	return NodePlan{Node: n.GetNodeId(), Accelerator: n.GetAccelerator(), PrefillTokensPerSecond: n.GetPrefillTokensPerSecond(),
-		Queue: seconds(n.GetQueueSeconds()), LocalBlocks: int(n.GetLocalBlocks()), PoolBlocks: int(n.GetPoolBlocks()),
+		Queue: seconds(n.GetQueueSeconds()), LocalBlocks: int(n.GetLocalBlocks()), GPUBlocks: int(n.GetGpuBlocks()),
+		LocalLoad: seconds(n.GetLocalLoadSeconds()), PoolBlocks: int(n.GetPoolBlocks()),
 		Source: n.GetSource(), LinkBytesPerSecond: n.GetLinkBytesPerSecond(), LinkRTT: seconds(n.GetLinkRttSeconds()),
 		LinkMeasured: n.GetLinkMeasured(), FetchBytes: n.GetFetchBytes(), Transfer: seconds(n.GetTransferSeconds()),
 		Recompute: seconds(n.GetRecomputeSeconds()), Remainder: seconds(n.GetRemainderSeconds()),

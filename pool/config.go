@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -12,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
@@ -167,6 +169,16 @@ type PlanConfig struct {
 	// reads. Default: the built-in ones (cost.NewProfiles). The node only
 	// reads it; do not modify it after New.
 	Profiles *cost.Profiles
+	// EngineEvents are this node's engines' KV event streams (vLLM's
+	// kv_events_config): the node follows them, and plans for itself with
+	// the prefix its engines hold in GPU memory. None: the engines' caches
+	// are not known, and every local block counts as usable at once.
+	EngineEvents []engines.EngineConfig
+	// HostToGPUBytesPerSecond is this node's host-to-GPU copy rate, which
+	// prices the local blocks its engines' GPUs lack once EngineEvents
+	// tell which those are. Default 54.46e9 (pinned copies on an H200,
+	// ../shared/anchors).
+	HostToGPUBytesPerSecond float64
 }
 
 // StoreConfig configures the arena and the block store over it.
@@ -292,6 +304,9 @@ func (c *PlanConfig) fill() {
 	if c.Profiles == nil {
 		c.Profiles = cost.NewProfiles()
 	}
+	if c.HostToGPUBytesPerSecond == 0 {
+		c.HostToGPUBytesPerSecond = 54.46e9
+	}
 }
 
 // Validate reports every problem with c, after filling defaults in a copy,
@@ -398,6 +413,14 @@ func (c *PlanConfig) validate() []error {
 		p = append(p, err)
 	} else if _, err := c.Profiles.Curve(c.Model, c.Accelerator); err != nil {
 		p = append(p, err)
+	}
+	if !(c.HostToGPUBytesPerSecond > 0) || math.IsInf(c.HostToGPUBytesPerSecond, 0) {
+		p.add("host-to-GPU rate %v B/s: want a positive number", c.HostToGPUBytesPerSecond)
+	}
+	if len(c.EngineEvents) > 0 {
+		if err := (&engines.Config{Engines: c.EngineEvents}).Validate(); err != nil {
+			p = append(p, fmt.Errorf("engine events: %w", err))
+		}
 	}
 	return p
 }

@@ -489,7 +489,8 @@ func nodePlanProto(a *PlanAnswer, np *cost.NodePlan) *kvpoolv1.NodePlan {
 	info := a.Nodes[np.Node]
 	return &kvpoolv1.NodePlan{
 		NodeId: np.Node, Accelerator: info.Accelerator, PrefillTokensPerSecond: info.PrefillTokensPerSecond,
-		QueueSeconds: np.Queue.Seconds(), LocalBlocks: uint32(np.LocalBlocks), PoolBlocks: uint32(np.PoolBlocks),
+		QueueSeconds: np.Queue.Seconds(), LocalBlocks: uint32(np.LocalBlocks), GpuBlocks: uint32(np.GPUBlocks),
+		LocalLoadSeconds: np.LocalLoad.Seconds(), PoolBlocks: uint32(np.PoolBlocks),
 		Source: np.Source, LinkBytesPerSecond: np.Link.BytesPerSecond, LinkRttSeconds: np.Link.RTT.Seconds(),
 		LinkMeasured: info.LinkMeasured, FetchBytes: np.FetchBytes, TransferSeconds: np.Transfer.Seconds(),
 		RecomputeSeconds: np.Recompute.Seconds(), RemainderSeconds: np.Remainder.Seconds(),

@@ -23,6 +23,7 @@ import (
 	"github.com/kvpool/kvpool/api/auth"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
@@ -61,6 +62,9 @@ type Node struct {
 	links   *transfer.Links
 	fetcher *fetcher
 	planner *planner
+	// engines follows this node's engines' KV events; nil without
+	// PlanConfig.EngineEvents.
+	engines *engines.Tracker
 	data    *dataServer
 
 	doors   doors
@@ -204,6 +208,13 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now}
+	if len(cfg.EngineEvents) > 0 {
+		t, err := engines.New(engines.Config{Engines: cfg.EngineEvents, Logger: log.With("component", "engine-events"), Now: cfg.Now})
+		if err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		n.engines, n.planner.gpu = t, t
+	}
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
@@ -282,6 +293,15 @@ func (n *Node) advertised() string {
 // Addr is the address serving gRPC and the data channel.
 func (n *Node) Addr() net.Addr { return n.doors.tcp.Addr() }
 
+// EngineStats reports the engines' event streams this node follows (none
+// without PlanConfig.EngineEvents).
+func (n *Node) EngineStats() []engines.Stats {
+	if n.engines == nil {
+		return nil
+	}
+	return n.engines.Stats()
+}
+
 // MetricsAddr is the address serving /metrics, or nil.
 func (n *Node) MetricsAddr() net.Addr {
 	if n.doors.http == nil {
@@ -331,6 +351,9 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			return nil
 		})
+	}
+	if n.engines != nil {
+		g.Go("engine events", func() error { return n.engines.Run(ctx) })
 	}
 	g.Go("grpc server", func() error {
 		if err := n.grpcSrv.Serve(n.doors.grpc); !errors.Is(err, grpc.ErrServerStopped) {

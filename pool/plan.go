@@ -70,6 +70,8 @@ type planner struct {
 	links   *transfer.Links
 	load    func() metadata.Load // this node's, with its engine's report
 	now     func() time.Time
+	// gpu is this node's engines' GPU caches; nil when not followed.
+	gpu interface{ Prefix(chain [][]byte) int }
 }
 
 // Plan answers q from the live location mirror, gossiped load and the
@@ -151,6 +153,10 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	everyNode := len(want) == 0 // decided once: the loop empties want
 	for _, ni := range nodes {
 		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
+		if ni.rec.ID == p.self && p.gpu != nil {
+			node.GPUBlocks = p.gpu.Prefix(q.Keys)
+			node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+		}
 		delete(want, ni.rec.ID)
 		if node.Candidate {
 			accel := ni.rec.Accelerator

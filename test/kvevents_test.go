@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/metadata/kvevents"
+	"github.com/kvpool/kvpool/pool"
+	"github.com/kvpool/kvpool/test/cluster"
 )
 
 // publisher is an engine's event publisher in a separate process
@@ -170,4 +173,61 @@ func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 	if s := stats("a"); s.Restarts != 1 || s.Malformed != 0 {
 		t.Errorf("engine a: %d restarts, %d malformed; want 1, 0", s.Restarts, s.Malformed)
 	}
+}
+
+// A daemon that follows its engine's KV events plans for itself with the
+// engine's GPU prefix: free blocks, and host blocks priced at the node's
+// host-to-GPU rate; when the engine evicts, the plan no longer counts
+// them.
+func TestPlanSeesTheEnginesGPUTier(t *testing.T) {
+	requirePython(t)
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pub := startPublisher(t, ep, "")
+	c := cluster.New(t, cluster.Config{Nodes: 1, Mutate: func(_ int, pc *pool.Config) {
+		pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-0", Endpoint: ep}}
+		pc.HostToGPUBytesPerSecond = 50e9
+	}})
+	cl := c.Client(0, api.PathData)
+	ctx := context.Background()
+	keys := hashKeys(1, 2, 3, 4)
+	// The daemon holds blocks 1..4 in host memory; the engine will hold
+	// 1 and 2 in GPU memory.
+	putBlocks(t, cl, keys, 4096)
+	req := api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 16}
+	estimate := func() api.NodePlan {
+		p, err := cl.Estimate(ctx, req, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Nodes[0]
+	}
+	// Before the engine has said anything its GPU holds nothing known:
+	// all four host blocks load, 4 × 16 tokens × 131072 B at 50 GB/s.
+	perBlock := float64(16*131072) / 50e9 * float64(time.Second)
+	if n := estimate(); n.GPUBlocks != 0 || n.LocalBlocks != 4 || n.LocalLoad != time.Duration(4*perBlock) {
+		t.Fatalf("before any event: %+v", n)
+	}
+	eventually.True(t, "the daemon hears its engine", 10*time.Second, func() bool {
+		pub.do("removed 999")
+		for _, s := range c.Nodes[0].Node.EngineStats() {
+			if s.Messages > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	t0 := time.Now()
+	pub.do("stored 1,2 - 16")
+	eventually.True(t, "the plan names the GPU tier", 5*time.Second, func() bool { return estimate().GPUBlocks == 2 })
+	t.Logf("BlockStored to the daemon's plan: %v", time.Since(t0))
+	n := estimate()
+	// Blocks 3 and 4 load from host memory: 2 × 16 tokens × 131072 B at
+	// 50 GB/s.
+	if want := time.Duration(2 * perBlock); n.LocalBlocks != 4 || n.LocalLoad < want-time.Microsecond || n.LocalLoad > want+time.Microsecond {
+		t.Fatalf("with the GPU tier: %+v; want 4 local blocks, 2 in GPU, %v of loading", n, want)
+	}
+	t0 = time.Now()
+	pub.do("removed 2")
+	eventually.True(t, "the plan drops the evicted block", 5*time.Second, func() bool { return estimate().GPUBlocks == 1 })
+	t.Logf("BlockRemoved to the daemon's plan: %v", time.Since(t0))
 }

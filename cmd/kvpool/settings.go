@@ -7,13 +7,16 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvpool/kvpool/api/chain"
 	"github.com/kvpool/kvpool/eviction"
+	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/transfer"
 	"github.com/kvpool/kvpool/transfer/cost"
@@ -104,6 +107,8 @@ var settings = []setting{
 	{"model", "model profile plans assume when a request names none", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Model) }},
 	{"accelerator", "this node's engine hardware; picks its prefill curves and is published to the cluster", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Accelerator) }},
 	{"block-tokens", "tokens per chain key, for plans that do not say", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.BlockTokens) }},
+	{"kv-events", "follow an engine's KV events (vLLM's kv_events_config) and plan for this node with what it holds in GPU memory: NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=hashes|sha256:SEED|sha256_cbor:SEED] (keying hashes: the engine's block hashes are kvpool's keys, as with sha256_cbor and the clients' seed; otherwise keys are recomputed from the events' tokens); repeatable or comma-separated", func(c *pool.Config, _ *serveOptions) pflag.Value { return &engineEventsV{p: &c.EngineEvents} }},
+	{"host-to-gpu-gbps", "this node's host-to-GPU copy rate in GB/s, which prices local blocks its engines' GPUs lack (with --kv-events)", func(c *pool.Config, _ *serveOptions) pflag.Value { return &gbpsV{p: &c.HostToGPUBytesPerSecond} }},
 	{"profiles", "files of extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.profiles) }},
 	{"log-level", "debug, info, warn or error", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.logLevel) }},
 	{"log-format", "text or json", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.logFormat) }},
@@ -256,6 +261,86 @@ func scratch(define func(*pflag.FlagSet)) pflag.Value {
 	fs := pflag.NewFlagSet("", pflag.ContinueOnError)
 	define(fs)
 	return fs.Lookup("v").Value
+}
+
+// engineEventsV is --kv-events: engine specs, comma-separated or
+// repeated.
+type engineEventsV struct{ p *[]engines.EngineConfig }
+
+func (v *engineEventsV) Type() string { return "specs" }
+func (v *engineEventsV) String() string {
+	var out []string
+	for _, e := range *v.p {
+		out = append(out, e.Name+"="+e.Endpoint)
+	}
+	return strings.Join(out, ",")
+}
+
+func (v *engineEventsV) Set(s string) error {
+	for _, spec := range strings.Split(s, ",") {
+		spec = strings.TrimSpace(spec)
+		if spec == "" {
+			continue
+		}
+		e, err := parseEngineSpec(spec)
+		if err != nil {
+			return err
+		}
+		*v.p = append(*v.p, e)
+	}
+	return nil
+}
+
+// parseEngineSpec reads NAME=ENDPOINT[;replay=EP][;topic=T][;keying=K].
+func parseEngineSpec(spec string) (engines.EngineConfig, error) {
+	parts := strings.Split(spec, ";")
+	name, ep, ok := strings.Cut(parts[0], "=")
+	if !ok || name == "" || ep == "" {
+		return engines.EngineConfig{}, fmt.Errorf("engine %q: want NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=K]", spec)
+	}
+	e := engines.EngineConfig{Name: name, Endpoint: ep}
+	for _, opt := range parts[1:] {
+		k, val, _ := strings.Cut(opt, "=")
+		switch k {
+		case "replay":
+			e.Replay = val
+		case "topic":
+			e.Topic = val
+		case "keying":
+			if val == "hashes" {
+				continue
+			}
+			scheme, seed, _ := strings.Cut(val, ":")
+			sc, err := chain.ParseScheme(scheme)
+			if err != nil {
+				return engines.EngineConfig{}, fmt.Errorf("engine %s: keying %q: want hashes, sha256:SEED or sha256_cbor:SEED", name, val)
+			}
+			e.Keying.Chain = chain.Config{Scheme: sc, Seed: seed}
+		default:
+			return engines.EngineConfig{}, fmt.Errorf("engine %s: unknown option %q (want replay, topic or keying)", name, k)
+		}
+	}
+	return e, nil
+}
+
+// gbpsV is a rate flag in GB/s (10^9 bytes per second) for a field in
+// bytes per second.
+type gbpsV struct{ p *float64 }
+
+func (v *gbpsV) Type() string { return "GB/s" }
+func (v *gbpsV) String() string {
+	if *v.p == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(*v.p/1e9, 'g', -1, 64)
+}
+func (v *gbpsV) Set(s string) error {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f > 0) {
+		return fmt.Errorf("%q: want a positive rate in GB/s", s)
+	}
+	*v.p = f * 1e9
+	return nil
 }
 
 // textV is a flag of a type that parses itself (encoding.TextUnmarshaler).

@@ -2849,8 +2849,14 @@ type NodePlan struct {
 	// The bandwidth above which fetching beats recomputing on this node
 	// (0 without a source; +Inf when the rtt alone costs more).
 	BreakevenBytesPerSecond float64 `protobuf:"fixed64,21,opt,name=breakeven_bytes_per_second,json=breakevenBytesPerSecond,proto3" json:"breakeven_bytes_per_second,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// Of local_blocks, the leading blocks the node's engine holds in GPU
+	// memory, from its KV events (0 when it reports none).
+	GpuBlocks uint32 `protobuf:"varint,22,opt,name=gpu_blocks,json=gpuBlocks,proto3" json:"gpu_blocks,omitempty"`
+	// Loading the local blocks the GPU lacks from host memory, at the
+	// node's host-to-GPU rate; included in every total.
+	LocalLoadSeconds float64 `protobuf:"fixed64,23,opt,name=local_load_seconds,json=localLoadSeconds,proto3" json:"local_load_seconds,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodePlan) Reset() {
@@ -3026,6 +3032,20 @@ func (x *NodePlan) GetTotalSeconds() float64 {
 func (x *NodePlan) GetBreakevenBytesPerSecond() float64 {
 	if x != nil {
 		return x.BreakevenBytesPerSecond
+	}
+	return 0
+}
+
+func (x *NodePlan) GetGpuBlocks() uint32 {
+	if x != nil {
+		return x.GpuBlocks
+	}
+	return 0
+}
+
+func (x *NodePlan) GetLocalLoadSeconds() float64 {
+	if x != nil {
+		return x.LocalLoadSeconds
 	}
 	return 0
 }
@@ -3248,7 +3268,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x06 \x01(\x04R\fpromptTokens\x123\n" +
 	"\x15reference_accelerator\x18\a \x01(\tR\x14referenceAccelerator\x129\n" +
 	"\x19prefill_tokens_per_second\x18\b \x01(\x01R\x16prefillTokensPerSecond\x12;\n" +
-	"\x1abreakeven_bytes_per_second\x18\t \x01(\x01R\x17breakevenBytesPerSecond\"\xda\x06\n" +
+	"\x1abreakeven_bytes_per_second\x18\t \x01(\x01R\x17breakevenBytesPerSecond\"\xa7\a\n" +
 	"\bNodePlan\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vaccelerator\x18\x02 \x01(\tR\vaccelerator\x129\n" +
@@ -3273,7 +3293,10 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x13split_total_seconds\x18\x12 \x01(\x01R\x11splitTotalSeconds\x12\x12\n" +
 	"\x04plan\x18\x13 \x01(\tR\x04plan\x12#\n" +
 	"\rtotal_seconds\x18\x14 \x01(\x01R\ftotalSeconds\x12;\n" +
-	"\x1abreakeven_bytes_per_second\x18\x15 \x01(\x01R\x17breakevenBytesPerSecond2\xfc\x06\n" +
+	"\x1abreakeven_bytes_per_second\x18\x15 \x01(\x01R\x17breakevenBytesPerSecond\x12\x1d\n" +
+	"\n" +
+	"gpu_blocks\x18\x16 \x01(\rR\tgpuBlocks\x12,\n" +
+	"\x12local_load_seconds\x18\x17 \x01(\x01R\x10localLoadSeconds2\xfc\x06\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +

@@ -71,7 +71,9 @@ type planner struct {
 	load    func() metadata.Load // this node's, with its engine's report
 	now     func() time.Time
 	// gpu is this node's engines' GPU caches; nil when not followed.
-	gpu interface{ Prefix(chain [][]byte) int }
+	gpu interface {
+		Prefix(tenant, namespace string, chain [][]byte) int
+	}
 }
 
 // Plan answers q from the live location mirror, gossiped load and the
@@ -154,7 +156,7 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	for _, ni := range nodes {
 		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
 		if ni.rec.ID == p.self && p.gpu != nil {
-			node.GPUBlocks = p.gpu.Prefix(q.Keys)
+			node.GPUBlocks = p.gpu.Prefix(q.Tenant, q.Namespace, q.Keys)
 			node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
 		}
 		delete(want, ni.rec.ID)

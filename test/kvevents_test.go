@@ -131,21 +131,21 @@ func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 	// Stored, then visible.
 	t0 := time.Now()
 	pa.do("stored 1,2 - 2")
-	eventually.True(t, "a's blocks 1, 2", 5*time.Second, func() bool { return tr.Prefix(hashKeys(1, 2)) == 2 })
+	eventually.True(t, "a's blocks 1, 2", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(1, 2)) == 2 })
 	t.Logf("a BlockStored reached the tracker in %v", time.Since(t0))
 	pb.do("stored 101,102,103 - 2")
-	eventually.True(t, "b's blocks 101, 102, 103", 5*time.Second, func() bool { return tr.Prefix(hashKeys(101, 102, 103)) == 3 })
+	eventually.True(t, "b's blocks 101, 102, 103", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(101, 102, 103)) == 3 })
 
 	// Removed, then gone.
 	pa.do("stored 7,8 - 2")
 	pa.do("removed 8")
-	eventually.True(t, "a's block 8 gone", 5*time.Second, func() bool { return tr.Prefix(hashKeys(7, 8)) == 1 })
+	eventually.True(t, "a's block 8 gone", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(7, 8)) == 1 })
 
 	// A lost message on a: the next reveals the gap, and the replay
 	// socket fills it.
 	pa.do("drop stored 9 7 2")
 	pa.do("stored 10 9 2")
-	eventually.True(t, "a's 7, 9, 10 after the replay", 5*time.Second, func() bool { return tr.Prefix(hashKeys(7, 9, 10)) == 3 })
+	eventually.True(t, "a's 7, 9, 10 after the replay", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(7, 9, 10)) == 3 })
 	if s := stats("a"); s.Gaps != 1 || s.Replays != 1 || s.Lost != 0 {
 		t.Errorf("engine a: %d gaps, %d replays, %d lost; want 1, 1, 0", s.Gaps, s.Replays, s.Lost)
 	}
@@ -155,8 +155,8 @@ func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 	// only what it stores afterwards counts.
 	pb.do("drop removed 103")
 	pb.do("stored 20 - 2")
-	eventually.True(t, "b's 20", 5*time.Second, func() bool { return tr.Prefix(hashKeys(20)) == 1 })
-	if n := tr.Prefix(hashKeys(101, 102, 103)); n != 0 {
+	eventually.True(t, "b's 20", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(20)) == 1 })
+	if n := tr.Prefix("", "", hashKeys(101, 102, 103)); n != 0 {
 		t.Errorf("after a loss the tracker still claims %d blocks of b's old chain", n)
 	}
 	if s := stats("b"); s.Lost != 1 {
@@ -166,8 +166,8 @@ func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 	// a restarts: its sequence starts again, and its cache is empty.
 	pa.do("restart")
 	pa.do("stored 30 - 2")
-	eventually.True(t, "a's 30 after its restart", 5*time.Second, func() bool { return tr.Prefix(hashKeys(30)) == 1 })
-	if n := tr.Prefix(hashKeys(7)); n != 0 {
+	eventually.True(t, "a's 30 after its restart", 5*time.Second, func() bool { return tr.Prefix("", "", hashKeys(30)) == 1 })
+	if n := tr.Prefix("", "", hashKeys(7)); n != 0 {
 		t.Errorf("a restarted engine still holds block 7 (%d)", n)
 	}
 	if s := stats("a"); s.Restarts != 1 || s.Malformed != 0 {
@@ -184,7 +184,7 @@ func TestPlanSeesTheEnginesGPUTier(t *testing.T) {
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	pub := startPublisher(t, ep, "")
 	c := cluster.New(t, cluster.Config{Nodes: 1, Mutate: func(_ int, pc *pool.Config) {
-		pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-0", Endpoint: ep}}
+		pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-0", Endpoint: ep, Tenant: "acme", Namespace: "llama3-8b"}}
 		pc.HostToGPUBytesPerSecond = 50e9
 	}})
 	cl := c.Client(0, api.PathData)
@@ -225,6 +225,13 @@ func TestPlanSeesTheEnginesGPUTier(t *testing.T) {
 	// 50 GB/s.
 	if want := time.Duration(2 * perBlock); n.LocalBlocks != 4 || n.LocalLoad < want-time.Microsecond || n.LocalLoad > want+time.Microsecond {
 		t.Fatalf("with the GPU tier: %+v; want 4 local blocks, 2 in GPU, %v of loading", n, want)
+	}
+	// The engine computes acme's blocks: another tenant's plan for the same
+	// keys does not see them.
+	other := req
+	other.Tenant = "globex"
+	if p, err := cl.Estimate(ctx, other, ""); err != nil || p.Nodes[0].GPUBlocks != 0 || p.Nodes[0].LocalBlocks != 0 {
+		t.Fatalf("another tenant's plan: %+v, %v", p.Nodes, err)
 	}
 	t0 = time.Now()
 	pub.do("removed 2")

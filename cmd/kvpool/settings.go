@@ -107,7 +107,7 @@ var settings = []setting{
 	{"model", "model profile plans assume when a request names none", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Model) }},
 	{"accelerator", "this node's engine hardware; picks its prefill curves and is published to the cluster", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Accelerator) }},
 	{"block-tokens", "tokens per chain key, for plans that do not say", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.BlockTokens) }},
-	{"kv-events", "follow an engine's KV events (vLLM's kv_events_config) and plan for this node with what it holds in GPU memory: NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=hashes|sha256:SEED|sha256_cbor:SEED] (keying hashes: the engine's block hashes are kvpool's keys, as with sha256_cbor and the clients' seed; otherwise keys are recomputed from the events' tokens); repeatable or comma-separated", func(c *pool.Config, _ *serveOptions) pflag.Value { return &engineEventsV{p: &c.EngineEvents} }},
+	{"kv-events", "follow an engine's KV events (vLLM's kv_events_config) and plan for this node with what it holds in GPU memory: NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=hashes|sha256:SEED|sha256_cbor:SEED][;tenant=T][;namespace=N] (tenant and namespace: whose plans its GPU cache counts for, default any; keying hashes: the engine's block hashes are kvpool's keys, as with sha256_cbor and the clients' seed; otherwise keys are recomputed from the events' tokens); repeatable or comma-separated", func(c *pool.Config, _ *serveOptions) pflag.Value { return &engineEventsV{p: &c.EngineEvents} }},
 	{"host-to-gpu-gbps", "this node's host-to-GPU copy rate in GB/s, which prices local blocks its engines' GPUs lack (with --kv-events)", func(c *pool.Config, _ *serveOptions) pflag.Value { return &gbpsV{p: &c.HostToGPUBytesPerSecond} }},
 	{"profiles", "files of extra model profiles and prefill curves (YAML/JSON, or a GPU anchor document); repeatable", func(_ *pool.Config, o *serveOptions) pflag.Value { return listV(&o.profiles) }},
 	{"log-level", "debug, info, warn or error", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.logLevel) }},
@@ -296,7 +296,7 @@ func parseEngineSpec(spec string) (engines.EngineConfig, error) {
 	parts := strings.Split(spec, ";")
 	name, ep, ok := strings.Cut(parts[0], "=")
 	if !ok || name == "" || ep == "" {
-		return engines.EngineConfig{}, fmt.Errorf("engine %q: want NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=K]", spec)
+		return engines.EngineConfig{}, fmt.Errorf("engine %q: want NAME=ENDPOINT[;replay=ENDPOINT][;topic=T][;keying=K][;tenant=T][;namespace=N]", spec)
 	}
 	e := engines.EngineConfig{Name: name, Endpoint: ep}
 	for _, opt := range parts[1:] {
@@ -306,6 +306,10 @@ func parseEngineSpec(spec string) (engines.EngineConfig, error) {
 			e.Replay = val
 		case "topic":
 			e.Topic = val
+		case "tenant":
+			e.Tenant = val
+		case "namespace":
+			e.Namespace = val
 		case "keying":
 			if val == "hashes" {
 				continue
@@ -317,7 +321,7 @@ func parseEngineSpec(spec string) (engines.EngineConfig, error) {
 			}
 			e.Keying.Chain = chain.Config{Scheme: sc, Seed: seed}
 		default:
-			return engines.EngineConfig{}, fmt.Errorf("engine %s: unknown option %q (want replay, topic or keying)", name, k)
+			return engines.EngineConfig{}, fmt.Errorf("engine %s: unknown option %q (want replay, topic, keying, tenant or namespace)", name, k)
 		}
 	}
 	return e, nil

@@ -37,6 +37,11 @@ type EngineConfig struct {
 	Topic string
 	// Keying says how the engine's blocks become kvpool keys.
 	Keying kvevents.Keying
+	// Tenant and Namespace are whose blocks the engine computes: its GPU
+	// cache counts only for plans of that tenant and namespace, as the
+	// host tier's blocks do. Empty matches any (an engine serving everyone,
+	// on a node that does not separate tenants).
+	Tenant, Namespace string
 }
 
 // Config is a Tracker's.
@@ -124,11 +129,14 @@ func New(cfg Config) (*Tracker, error) {
 	return t, nil
 }
 
-// Prefix is the longest run of leading keys of chain that one engine
-// holds in GPU memory.
-func (t *Tracker) Prefix(chain [][]byte) int {
+// Prefix is the longest run of leading keys of chain that one engine of
+// tenant and namespace holds in GPU memory.
+func (t *Tracker) Prefix(tenant, namespace string, chain [][]byte) int {
 	best := 0
 	for _, e := range t.engines {
+		if (e.cfg.Tenant != "" && e.cfg.Tenant != tenant) || (e.cfg.Namespace != "" && e.cfg.Namespace != namespace) {
+			continue
+		}
 		e.mu.Lock()
 		best = max(best, e.idx.Prefix(chain))
 		e.mu.Unlock()

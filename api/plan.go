@@ -25,12 +25,16 @@ type PlanRequest struct {
 	LinkBytesPerSecond float64
 	// Candidates are the nodes that may serve; nil means every live node.
 	Candidates []string
+	// Place says the caller will send the request to the winner: the
+	// answering node counts it in the winner's queue and cache for the
+	// plans it answers next, until that node's engine reports again.
+	Place bool
 }
 
 func (r *PlanRequest) proto() *kvpoolv1.PlanRequest {
 	return &kvpoolv1.PlanRequest{Tenant: r.Tenant, Namespace: r.Namespace, Keys: r.Keys, Model: r.Model,
 		BlockTokens: uint32(max(r.BlockTokens, 0)), PromptTokens: uint64(max(r.PromptTokens, 0)),
-		LinkBytesPerSecond: r.LinkBytesPerSecond, Candidates: r.Candidates}
+		LinkBytesPerSecond: r.LinkBytesPerSecond, Candidates: r.Candidates, Place: r.Place}
 }
 
 // Plan is the cost model's answer: what the prompt costs, and every

@@ -33,8 +33,10 @@ type Load struct {
 	PrefillPromptTokens int64 `json:"prefill_tokens,omitempty"`
 	// Model is the model profile the engine serves, as it reported it.
 	Model string `json:"model,omitempty"`
-	// EngineReportUnix is when the engine last reported, 0 if never.
-	EngineReportUnix int64 `json:"engine_at,omitempty"`
+	// EngineReportUnix is when the engine last reported, 0 if never, and
+	// EngineReportUnixMilli the same in milliseconds.
+	EngineReportUnix      int64 `json:"engine_at,omitempty"`
+	EngineReportUnixMilli int64 `json:"engine_at_ms,omitempty"`
 }
 
 // FreeBytes is capacity minus used.

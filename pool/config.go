@@ -179,6 +179,10 @@ type PlanConfig struct {
 	// tell which those are. Default 54.46e9 (pinned copies on an H200,
 	// ../shared/anchors).
 	HostToGPUBytesPerSecond float64
+	// PlacementTTL bounds how long a request a Plan placed (PlanRequest
+	// place) counts in its node's queue and cache when the node's engine
+	// does not report it sooner. Default 2 s.
+	PlacementTTL time.Duration
 }
 
 // StoreConfig configures the arena and the block store over it.
@@ -307,6 +311,9 @@ func (c *PlanConfig) fill() {
 	if c.HostToGPUBytesPerSecond == 0 {
 		c.HostToGPUBytesPerSecond = 54.46e9
 	}
+	if c.PlacementTTL == 0 {
+		c.PlacementTTL = 2 * time.Second
+	}
 }
 
 // Validate reports every problem with c, after filling defaults in a copy,
@@ -413,6 +420,9 @@ func (c *PlanConfig) validate() []error {
 		p = append(p, err)
 	} else if _, err := c.Profiles.Curve(c.Model, c.Accelerator); err != nil {
 		p = append(p, err)
+	}
+	if c.PlacementTTL < 0 {
+		p.add("placement TTL %v: want ≥ 0", c.PlacementTTL)
 	}
 	if !(c.HostToGPUBytesPerSecond > 0) || math.IsInf(c.HostToGPUBytesPerSecond, 0) {
 		p.add("host-to-GPU rate %v B/s: want a positive number", c.HostToGPUBytesPerSecond)

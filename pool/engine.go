@@ -39,7 +39,9 @@ func (e *engineLoad) Report(queueSeconds, tps float64, promptTokens uint64, mode
 		}
 	}
 	e.mu.Lock()
-	e.last.QueueSeconds, e.last.PrefillTokensPerSecond, e.last.EngineReportUnix = queueSeconds, tps, e.now().Unix()
+	now := e.now()
+	e.last.QueueSeconds, e.last.PrefillTokensPerSecond = queueSeconds, tps
+	e.last.EngineReportUnix, e.last.EngineReportUnixMilli = now.Unix(), now.UnixMilli()
 	e.last.PrefillPromptTokens, e.last.Model = int64(promptTokens), model
 	e.mu.Unlock()
 	if e.refresh != nil {

@@ -450,7 +450,7 @@ func (s *kvService) Plan(_ context.Context, req *kvpoolv1.PlanRequest) (*kvpoolv
 	if err != nil {
 		return nil, err
 	}
-	q.Candidates = req.GetCandidates()
+	q.Candidates, q.Place = req.GetCandidates(), req.GetPlace()
 	ans, err := s.plan.Plan(q)
 	if err != nil {
 		return nil, err

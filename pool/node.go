@@ -207,7 +207,7 @@ func New(cfg Config) (*Node, error) {
 		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
-		load: n.engine.load, now: cfg.Now}
+		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL)}
 	if len(cfg.EngineEvents) > 0 {
 		t, err := engines.New(engines.Config{Engines: cfg.EngineEvents, Logger: log.With("component", "engine-events"), Now: cfg.Now})
 		if err != nil {

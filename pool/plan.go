@@ -74,6 +74,9 @@ type planner struct {
 	gpu interface {
 		Prefix(tenant, namespace string, chain [][]byte) int
 	}
+	// placed are the requests its plans placed that their nodes have not
+	// reported yet.
+	placed *placements
 }
 
 // Plan answers q from the live location mirror, gossiped load and the
@@ -152,12 +155,19 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	}
 	ans := PlanAnswer{Model: q.Model, BlockTokens: q.BlockTokens, ChainBlocks: len(q.Keys), Reference: cfg.Accelerator, Nodes: map[string]PlanNode{}}
 	var errs []error
+	now := p.now()
 	everyNode := len(want) == 0 // decided once: the loop empties want
 	for _, ni := range nodes {
 		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
 		if ni.rec.ID == p.self && p.gpu != nil {
 			node.GPUBlocks = p.gpu.Prefix(q.Tenant, q.Namespace, q.Keys)
 			node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+		}
+		var placedQueueS float64
+		if p.placed != nil {
+			var spec int
+			placedQueueS, spec = p.placed.view(now, ni.rec.ID, time.UnixMilli(ni.load.EngineReportUnixMilli), q.Tenant, q.Namespace, q.Keys)
+			node.GPUBlocks = max(node.GPUBlocks, spec)
 		}
 		delete(want, ni.rec.ID)
 		if node.Candidate {
@@ -174,7 +184,7 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 			if l := ni.load; l.PrefillTokensPerSecond > 0 && (l.Model == "" || l.Model == q.Model) {
 				node.Prefill = cost.Scaled{Base: curve, Factor: cost.ReportedFactor(curve, l.PrefillTokensPerSecond, int(l.PrefillPromptTokens), prompt)}
 			}
-			node.Queue = time.Duration(ni.load.QueueSeconds * float64(time.Second))
+			node.Queue = time.Duration((ni.load.QueueSeconds + placedQueueS) * float64(time.Second))
 			ans.Nodes[node.ID] = PlanNode{Accelerator: accel, PrefillTokensPerSecond: cost.TokensPerSecond(node.Prefill, float64(prompt))}
 		}
 		req.Nodes = append(req.Nodes, node)
@@ -185,7 +195,6 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: plan: %v", err)
 	}
-	now := p.now()
 	req.Link = func(from, to string) cost.Link {
 		l, _ := p.link(from, to, now, q.LinkBytesPerSecond)
 		return l
@@ -193,6 +202,11 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	res, err := cost.Plan(req)
 	if err != nil {
 		return PlanAnswer{}, api.Errorf(api.ErrInvalidArgument, "pool: %v", err)
+	}
+	if q.Place && p.placed != nil && len(res.Nodes) > 0 {
+		w := res.Nodes[0]
+		p.placed.add(placement{node: w.Node, at: now, serviceS: (w.Total - w.Queue).Seconds(),
+			tenant: q.Tenant, namespace: q.Namespace, keys: q.Keys})
 	}
 	ans.Result = res
 	for _, np := range res.Nodes {

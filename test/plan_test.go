@@ -338,3 +338,38 @@ func TestPlanCandidatesAndEstimates(t *testing.T) {
 		}
 	}
 }
+
+// A burst of requests planned by one daemon before any engine reports:
+// without place every plan sees the same idle cluster and names the same
+// node; with place each plan counts the ones before it, in the winner's
+// queue and as its coming cache.
+func TestPlacedPlansSpreadABurst(t *testing.T) {
+	c := cluster.New(t, cluster.Config{Nodes: 3})
+	c.Converged(10 * time.Second)
+	cl := c.Client(0, api.PathData)
+	ctx := context.Background()
+	burst := func(place bool, seed uint32) map[string]int {
+		winners := map[string]int{}
+		prefix := chainKeys(t, seed, 32)
+		for i := range 6 {
+			keys := append(append([][]byte(nil), prefix...), chainKeys(t, seed*100+uint32(i), 8)...)
+			p, err := cl.Plan(ctx, api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 512, Place: place})
+			if err != nil {
+				t.Fatal(err)
+			}
+			winners[p.Nodes[0].Node]++
+			if place && i > 0 && p.Nodes[0].GPUBlocks == 0 && len(winners) == 1 {
+				t.Errorf("plan %d went back to %s without counting the prefix placed there", i, p.Nodes[0].Node)
+			}
+		}
+		return winners
+	}
+	if w := burst(false, 81); len(w) != 1 {
+		t.Errorf("unplaced plans of an idle cluster: %v, want one node for all", w)
+	}
+	if w := burst(true, 82); len(w) < 2 {
+		t.Errorf("placed plans: %v, want the burst spread over the nodes", w)
+	} else {
+		t.Logf("placed burst: %v", w)
+	}
+}

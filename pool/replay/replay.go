@@ -256,6 +256,7 @@ func (r *replay) plan(ctx context.Context, j *job, router *api.Client) {
 	} else {
 		pctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 		t0 := time.Now()
+		preq.Place = true // the request goes where the plan says
 		p, err = router.Plan(pctx, preq)
 		cancel()
 		r.record("plan", time.Since(t0))

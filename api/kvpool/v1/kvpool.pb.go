@@ -2553,7 +2553,13 @@ type PlanRequest struct {
 	PromptTokens       uint64                 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	LinkBytesPerSecond float64                `protobuf:"fixed64,7,opt,name=link_bytes_per_second,json=linkBytesPerSecond,proto3" json:"link_bytes_per_second,omitempty"`
 	// Nodes that may serve the request; empty means every live node.
-	Candidates    []string `protobuf:"bytes,8,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	Candidates []string `protobuf:"bytes,8,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	// The caller will send the request to the winner. The answering node
+	// then counts it in the winner's queue, and the chain as about to be in
+	// the winner's cache, for the plans it answers until the winner's engine
+	// reports again (or a few seconds pass), so a burst of requests is not
+	// planned against one stale view.
+	Place         bool `protobuf:"varint,9,opt,name=place,proto3" json:"place,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2642,6 +2648,13 @@ func (x *PlanRequest) GetCandidates() []string {
 		return x.Candidates
 	}
 	return nil
+}
+
+func (x *PlanRequest) GetPlace() bool {
+	if x != nil {
+		return x.Place
+	}
+	return false
 }
 
 type PlanResponse struct {
@@ -3243,7 +3256,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\anode_id\x18\b \x01(\tR\x06nodeId\"m\n" +
 	"\x10EstimateResponse\x120\n" +
 	"\asummary\x18\x01 \x01(\v2\x16.kvpool.v1.PlanSummaryR\asummary\x12'\n" +
-	"\x04node\x18\x02 \x01(\v2\x13.kvpool.v1.NodePlanR\x04node\"\x88\x02\n" +
+	"\x04node\x18\x02 \x01(\v2\x13.kvpool.v1.NodePlanR\x04node\"\x9e\x02\n" +
 	"\vPlanRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -3254,7 +3267,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x15link_bytes_per_second\x18\a \x01(\x01R\x12linkBytesPerSecond\x12\x1e\n" +
 	"\n" +
 	"candidates\x18\b \x03(\tR\n" +
-	"candidates\"k\n" +
+	"candidates\x12\x14\n" +
+	"\x05place\x18\t \x01(\bR\x05place\"k\n" +
 	"\fPlanResponse\x120\n" +
 	"\asummary\x18\x01 \x01(\v2\x16.kvpool.v1.PlanSummaryR\asummary\x12)\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x13.kvpool.v1.NodePlanR\x05nodes\"\x89\x03\n" +

@@ -1045,11 +1045,15 @@ class Client:
         r = _rpc(self._stub.Route, pb.RouteRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys)), self.timeout)
         return [[Holder(h.node_id, h.addr, h.bytes_per_second, h.rtt_micros) for h in b.holders] for b in r.blocks]
 
-    def plan(self, chain, model="", block_tokens=0, prompt_tokens=0, link_bytes_per_second=0.0, candidates=()):
+    def plan(self, chain, model="", block_tokens=0, prompt_tokens=0, link_bytes_per_second=0.0, candidates=(), place=False):
         """Where a request for chain should run, and whether to fetch or
-        recompute there: a kvpool.v1.PlanResponse, cheapest node first."""
+        recompute there: a kvpool.v1.PlanResponse, cheapest node first.
+        With place, the caller sends the request to the winner, and the
+        node counts it in the plans it answers next (until the winner's
+        engine reports again)."""
         return _rpc(self._stub.Plan, pb.PlanRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(chain), model=model,
-                    block_tokens=block_tokens, prompt_tokens=prompt_tokens, link_bytes_per_second=link_bytes_per_second, candidates=list(candidates)), self.timeout)
+                    block_tokens=block_tokens, prompt_tokens=prompt_tokens, link_bytes_per_second=link_bytes_per_second,
+                    candidates=list(candidates), place=place), self.timeout)
 
     def estimate(self, chain, node_id="", model="", block_tokens=0, prompt_tokens=0, link_bytes_per_second=0.0):
         """What serving chain costs on one node (default: this one): a

@@ -1,0 +1,135 @@
+package engines
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvpool/kvpool/metadata/kvevents"
+)
+
+func freeEndpoint(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "tcp://" + l.Addr().String()
+}
+
+// stored encodes one message of a BlockStored of n 16-token blocks with
+// hashes from first on, as vLLM's array_like msgspec does.
+func stored(seq uint64, first int64, n int) [][]byte {
+	var b []byte
+	b = append(b, 0x93, 0xcb)
+	b = binary.BigEndian.AppendUint64(b, 0x41d9d2e9c0100000) // a ts
+	b = append(b, 0x91, 0x97, 0xab)
+	b = append(b, "BlockStored"...)
+	b = append(b, 0xdc)
+	b = binary.BigEndian.AppendUint16(b, uint16(n))
+	for i := range n {
+		b = append(b, 0xd3)
+		b = binary.BigEndian.AppendUint64(b, uint64(first+int64(i)))
+	}
+	b = append(b, 0xc0, 0xdc)
+	b = binary.BigEndian.AppendUint16(b, uint16(16*n))
+	for i := range 16 * n {
+		b = append(b, byte(i%100))
+	}
+	b = append(b, 0x10, 0xc0, 0xa3, 'G', 'P', 'U', 0x00)
+	return [][]byte{[]byte("kv"), binary.BigEndian.AppendUint64(nil, seq), b}
+}
+
+func TestStoredHelperDecodes(t *testing.T) {
+	m, err := kvevents.DecodeMessage(stored(3, 10, 4))
+	if err != nil || m.Seq != 3 || len(m.Batch.Events) != 1 || len(m.Batch.Events[0].Hashes) != 4 {
+		t.Fatalf("%+v %v", m, err)
+	}
+}
+
+// How many block events a second one tracker applies from one engine:
+// batches of 64 BlockStored blocks (a prefill's worth at vLLM's 16-token
+// blocks), published as fast as the socket takes them.
+func BenchmarkTrackerIngest(b *testing.B) {
+	ep := freeEndpoint(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen(ep); err != nil {
+		b.Fatal(err)
+	}
+	tr, err := New(Config{Engines: []EngineConfig{{Name: "e", Endpoint: ep}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { tr.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	seq := uint64(0)
+	for tr.Stats()[0].Messages == 0 { // until the subscription has joined
+		pub.Send(zmq4.NewMsgFrom(stored(seq, 1<<40, 1)...))
+		seq++
+		time.Sleep(time.Millisecond)
+	}
+	const perBatch = 64
+	msgs := make([][][]byte, b.N)
+	for i := range msgs {
+		msgs[i] = stored(seq+uint64(i), int64(i*perBatch), perBatch)
+	}
+	want := tr.Stats()[0].Messages + int64(b.N)
+	b.ResetTimer()
+	start := time.Now()
+	for _, m := range msgs {
+		if err := pub.Send(zmq4.NewMsgFrom(m...)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for tr.Stats()[0].Messages < want {
+		if time.Since(start) > time.Minute {
+			b.Fatalf("applied %d of %d messages in a minute (%+v)", tr.Stats()[0].Messages, want, tr.Stats()[0])
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	s := tr.Stats()[0]
+	b.ReportMetric(float64(b.N*perBatch)/time.Since(start).Seconds(), "blocks/s")
+	if s.Gaps > 0 {
+		b.Logf("%d gaps (the socket dropped messages): %+v", s.Gaps, s)
+	}
+}
+
+// What one GPU-resident block costs the index.
+func TestMemoryPerBlock(t *testing.T) {
+	const n = 200_000
+	var before, after runtime.MemStats
+	e := kvevents.NewEngine(kvevents.Keying{})
+	msgs := make([]kvevents.Message, 0, n/64)
+	for i := range n / 64 {
+		m, err := kvevents.DecodeMessage(stored(uint64(i), int64(i*64), 64))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Batch.Events[0].TokenIDs = nil // what the index keeps does not include them
+		msgs = append(msgs, m)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, m := range msgs {
+		e.Apply(m)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / float64(e.Len())
+	t.Logf("%d blocks held: %.0f bytes each (hash-keyed)", e.Len(), per)
+	if e.Len() != n/64*64 || per > 400 {
+		t.Errorf("%d blocks at %.0f bytes each; want %d under 400", e.Len(), per, n/64*64)
+	}
+	runtime.KeepAlive(msgs)
+}

@@ -24,9 +24,13 @@ type publisher struct {
 	t   *testing.T
 	in  io.WriteCloser
 	out *bufio.Scanner
+	// endpoint and replay are as bound ("" without a replay socket).
+	endpoint, replay string
 }
 
-func startPublisher(t *testing.T, endpoint, replay string) *publisher {
+// startPublisher starts a publisher on free loopback ports, with a replay
+// socket or without.
+func startPublisher(t *testing.T, withReplay bool) *publisher {
 	t.Helper()
 	if out, err := pythonCmd(t, "-c", "import zmq, msgpack").CombinedOutput(); err != nil {
 		if os.Getenv("KVPOOL_REQUIRE_TOOLS") != "" {
@@ -34,10 +38,11 @@ func startPublisher(t *testing.T, endpoint, replay string) *publisher {
 		}
 		t.Skipf("python3-zmq and python3-msgpack are missing: %s", out)
 	}
-	if replay == "" {
-		replay = "-"
+	replay := "-"
+	if withReplay {
+		replay = "tcp://127.0.0.1:*"
 	}
-	cmd := pythonCmd(t, "-m", "kvpool.kvevents", endpoint, replay)
+	cmd := pythonCmd(t, "-m", "kvpool.kvevents", "tcp://127.0.0.1:*", replay)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -55,8 +60,16 @@ func startPublisher(t *testing.T, endpoint, replay string) *publisher {
 		cmd.Wait()
 	})
 	p := &publisher{t: t, in: in, out: bufio.NewScanner(stdout)}
-	if !p.out.Scan() || p.out.Text() != "ready" {
+	f := []string{}
+	if p.out.Scan() {
+		f = strings.Fields(p.out.Text())
+	}
+	if len(f) != 3 || f[0] != "ready" {
 		t.Fatalf("the publisher did not start: %q", p.out.Text())
+	}
+	p.endpoint = f[1]
+	if f[2] != "-" {
+		p.replay = f[2]
 	}
 	return p
 }
@@ -91,13 +104,10 @@ func hashKeys(ns ...int64) [][]byte {
 // rather than claim blocks it may have dropped; a restart clears.
 func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 	requirePython(t)
-	a := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	aReplay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	b := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	pa, pb := startPublisher(t, a, aReplay), startPublisher(t, b, "")
+	pa, pb := startPublisher(t, true), startPublisher(t, false)
 	tr, err := engines.New(engines.Config{Engines: []engines.EngineConfig{
-		{Name: "a", Endpoint: a, Replay: aReplay},
-		{Name: "b", Endpoint: b},
+		{Name: "a", Endpoint: pa.endpoint, Replay: pa.replay},
+		{Name: "b", Endpoint: pb.endpoint},
 	}, RetryInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -181,10 +191,9 @@ func TestEngineEventsFromSeparateProcesses(t *testing.T) {
 // them.
 func TestPlanSeesTheEnginesGPUTier(t *testing.T) {
 	requirePython(t)
-	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	pub := startPublisher(t, ep, "")
+	pub := startPublisher(t, false)
 	c := cluster.New(t, cluster.Config{Nodes: 1, Mutate: func(_ int, pc *pool.Config) {
-		pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-0", Endpoint: ep, Tenant: "acme", Namespace: "llama3-8b"}}
+		pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-0", Endpoint: pub.endpoint, Tenant: "acme", Namespace: "llama3-8b"}}
 		pc.HostToGPUBytesPerSecond = 50e9
 	}})
 	cl := c.Client(0, api.PathData)

@@ -64,6 +64,9 @@ class EventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
+        # The endpoints as bound: "tcp://127.0.0.1:*" takes a free port.
+        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.replay_endpoint = None
         self._topic = topic.encode()
         self._seq = 0
         self._lock = threading.Lock()
@@ -74,6 +77,7 @@ class EventPublisher:
             self._router = self._ctx.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
             self._router.bind(replay)
+            self.replay_endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self._thread = threading.Thread(target=self._serve_replay, daemon=True)
             self._thread.start()
 
@@ -127,7 +131,9 @@ class EventPublisher:
 
 
 def main():
-    """A publisher driven by lines on stdin, for tests in other languages:
+    """A publisher driven by lines on stdin, for tests in other languages.
+    Arguments: ENDPOINT [REPLAY|-], where tcp://HOST:* takes a free port;
+    it prints "ready ENDPOINT REPLAY" as bound, then reads:
         stored H,H PARENT|- BLOCK_SIZE     (tokens: H*10+i)
         removed H,H
         cleared
@@ -138,7 +144,7 @@ def main():
 
     endpoint, replay = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None)
     pub = EventPublisher(endpoint, replay)
-    print("ready", flush=True)
+    print("ready %s %s" % (pub.endpoint, pub.replay_endpoint or "-"), flush=True)
     for line in sys.stdin:
         f = line.split()
         if not f:

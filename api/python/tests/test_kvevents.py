@@ -32,23 +32,15 @@ def test_stored_checks_its_tokens():
         kvevents.stored([1, 2], None, [1, 2, 3], 2)
 
 
-def free_endpoint(ctx):
-    s = ctx.socket(zmq.PUB)
-    port = s.bind_to_random_port("tcp://127.0.0.1")
-    s.close()
-    return "tcp://127.0.0.1:%d" % port
-
-
 def test_replay_serves_the_buffer_then_the_end_marker():
     ctx = zmq.Context()
-    pub_ep, replay_ep = free_endpoint(ctx), free_endpoint(ctx)
-    pub = kvevents.EventPublisher(pub_ep, replay=replay_ep)
+    pub = kvevents.EventPublisher("tcp://127.0.0.1:*", replay="tcp://127.0.0.1:*")
     try:
         for i in range(3):
             pub.publish([kvevents.removed([i])], drop=True)
         d = ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
-        d.connect(replay_ep)
+        d.connect(pub.replay_endpoint)
         d.send_multipart([b"", struct.pack(">Q", 1)])
         got = []
         while True:

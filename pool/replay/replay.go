@@ -134,8 +134,6 @@ type job struct {
 	estS  float64
 	out   sim.Outcome
 	first time.Time
-	// generated counts the answer's tokens so far.
-	generated int
 }
 
 // replay is one run's shared state.
@@ -392,8 +390,7 @@ type engine struct {
 
 	// Owned by run.
 	waiting []*job
-	batch   []*job
-	batchKV int
+	batch   sim.Batch[*job]
 	used    int // blocks of KV the running requests reserved
 	// reported is the clock at the last report.
 	reported time.Time
@@ -499,7 +496,7 @@ func (e *engine) run(ctx context.Context) {
 				drained = true
 			}
 		}
-		if len(e.waiting) > 0 && len(e.batch) < cfg.MaxBatch && e.used+e.waiting[0].total <= cfg.GPUBlocks {
+		if len(e.waiting) > 0 && e.batch.Len() < cfg.MaxBatch && e.used+e.waiting[0].total <= cfg.GPUBlocks {
 			j := e.waiting[0]
 			e.waiting = e.waiting[1:]
 			e.used += j.total
@@ -508,8 +505,8 @@ func (e *engine) run(ctx context.Context) {
 			}
 			continue
 		}
-		if len(e.batch) > 0 {
-			end := e.clock.Add(dur(cfg.Decode.StepS(e.batchKV, cfg.KVBytesPerToken)))
+		if e.batch.Len() > 0 {
+			end := e.clock.Add(dur(cfg.Decode.StepS(e.batch.KVTokens(), cfg.KVBytesPerToken)))
 			e.mu.Lock()
 			e.busyTil = end // no report: the estimate moves little
 			e.mu.Unlock()
@@ -520,19 +517,9 @@ func (e *engine) run(ctx context.Context) {
 			if end.Sub(e.reported) >= 50*time.Millisecond {
 				e.report() // the queue drains as the engine works
 			}
-			now := end
-			kept := e.batch[:0]
-			for _, j := range e.batch {
-				j.generated++
-				e.batchKV++
-				if j.generated >= j.req.OutputTokens {
-					e.finish(j, now)
-				} else {
-					kept = append(kept, j)
-				}
+			for _, j := range e.batch.Step(nil) {
+				e.finish(j, end)
 			}
-			clear(e.batch[len(kept):])
-			e.batch = kept
 			continue
 		}
 		select {
@@ -547,9 +534,6 @@ func (e *engine) run(ctx context.Context) {
 
 func (e *engine) finish(j *job, now time.Time) {
 	e.used -= j.total
-	if j.req.OutputTokens > 1 {
-		e.batchKV -= j.req.InputTokens + j.generated
-	}
 	e.r.finished(j, e, now)
 }
 
@@ -664,9 +648,7 @@ func (e *engine) prefill(ctx context.Context, j *job) bool {
 	if j.req.OutputTokens <= 1 {
 		e.finish(j, j.first)
 	} else {
-		j.generated = 1
-		e.batch = append(e.batch, j)
-		e.batchKV += j.req.InputTokens + 1
+		e.batch.Add(j, j.req.InputTokens, j.req.OutputTokens)
 	}
 	return true
 }

@@ -75,7 +75,6 @@ type job struct {
 	pending    int // load-phase parts still running
 	srcTier    *Tier
 	gpuPinned  int
-	generated  int
 	startS     float64
 	firstS     float64
 	doneS      float64
@@ -90,8 +89,7 @@ type engine struct {
 	phase     phase
 	cur       *job
 	estEndS   float64 // when the current item is expected to end
-	batch     []*job
-	batchKV   int // tokens of KV the batch holds
+	batch     Batch[*job]
 	hostLink  int // link indexes
 	netLink   int
 }
@@ -379,7 +377,7 @@ func (c *cluster) kick(i int) {
 	if e.phase != idle {
 		return
 	}
-	if len(e.waiting) > 0 && len(e.batch) < c.cfg.MaxBatch {
+	if len(e.waiting) > 0 && e.batch.Len() < c.cfg.MaxBatch {
 		j := e.waiting[0]
 		if c.admit(e, j) {
 			e.waiting = e.waiting[1:]
@@ -391,9 +389,9 @@ func (c *cluster) kick(i int) {
 			return
 		}
 	}
-	if len(e.batch) > 0 {
+	if e.batch.Len() > 0 {
 		e.phase = decoding
-		e.estEndS = c.now + c.cfg.Decode.StepS(e.batchKV, c.cfg.KVBytesPerToken)
+		e.estEndS = c.now + c.cfg.Decode.StepS(e.batch.KVTokens(), c.cfg.KVBytesPerToken)
 		c.q.Push(Event{AtS: e.estEndS, Kind: evCompute, Arg: i})
 	}
 }
@@ -479,18 +477,9 @@ func (c *cluster) computed(i int) {
 		c.firstToken(e, e.cur)
 	case decoding:
 		e.phase = idle
-		kept := e.batch[:0]
-		for _, j := range e.batch {
-			j.generated++
-			e.batchKV++
-			if j.generated >= j.req.OutputTokens {
-				c.finish(e, j)
-			} else {
-				kept = append(kept, j)
-			}
+		for _, j := range e.batch.Step(nil) {
+			c.finish(e, j)
 		}
-		clear(e.batch[len(kept):])
-		e.batch = kept
 		c.kick(i)
 	}
 }
@@ -541,12 +530,10 @@ func (c *cluster) firstToken(e *engine, j *job) {
 			e.host.Insert(j.chain, 0, c.now)
 		}
 	}
-	j.generated = 1
-	if j.generated >= j.req.OutputTokens {
+	if j.req.OutputTokens <= 1 {
 		c.finish(e, j)
 	} else {
-		e.batch = append(e.batch, j)
-		e.batchKV += j.req.InputTokens + 1
+		e.batch.Add(j, j.req.InputTokens, j.req.OutputTokens)
 	}
 	c.kick(j.node)
 }
@@ -559,9 +546,6 @@ func (c *cluster) finish(e *engine, j *job) {
 	} else {
 		e.gpu.Unpin(j.chain, j.gpuPinned)
 		e.gpu.Release(j.extra)
-	}
-	if j.req.OutputTokens > 1 { // it joined the batch
-		e.batchKV -= j.req.InputTokens + j.generated
 	}
 	o := &j.outcome
 	o.ID, o.Node = j.req.ID, j.node

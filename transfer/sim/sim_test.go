@@ -223,3 +223,19 @@ func TestTierEvictsByPolicyAndKeepsPins(t *testing.T) {
 		t.Fatalf("after unpinning: %d of 2 stored, len %d", got, tr.Len())
 	}
 }
+
+func TestBatchStepsAndFrees(t *testing.T) {
+	var b Batch[string]
+	b.Add("a", 100, 2) // one more token after its first
+	b.Add("b", 50, 4)
+	if b.Len() != 2 || b.KVTokens() != 152 {
+		t.Fatalf("len %d, kv %d; want 2 and 152", b.Len(), b.KVTokens())
+	}
+	if done := b.Step(nil); len(done) != 1 || done[0] != "a" || b.KVTokens() != 52 {
+		t.Fatalf("first step: done %v, kv %d; want [a] and 52", done, b.KVTokens())
+	}
+	b.Step(nil)
+	if done := b.Step(nil); len(done) != 1 || done[0] != "b" || b.Len() != 0 || b.KVTokens() != 0 {
+		t.Fatalf("third step: done %v, len %d, kv %d", done, b.Len(), b.KVTokens())
+	}
+}

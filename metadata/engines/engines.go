@@ -56,6 +56,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// WatchBuffer is how many updates a watcher may fall behind before
+	// its Watch ends with ErrWatcherBehind. Default 4096.
+	WatchBuffer int
 }
 
 // Validate reports every problem with c.
@@ -77,8 +80,8 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if c.ReplayTimeout < 0 || c.RetryInterval < 0 {
-		errs = append(errs, errors.New("replay timeout and retry interval must not be negative"))
+	if c.ReplayTimeout < 0 || c.RetryInterval < 0 || c.WatchBuffer < 0 {
+		errs = append(errs, errors.New("replay timeout, retry interval and watch buffer must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -95,6 +98,9 @@ func (c *Config) fill() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.WatchBuffer == 0 {
+		c.WatchBuffer = 4096
 	}
 }
 
@@ -114,6 +120,90 @@ type engine struct {
 	lastAt    time.Time
 	lagS      float64 // now − the last batch's ts when it was applied
 	connected bool
+	// watchers receive the index's changes; each is sent them under mu,
+	// so every watcher sees them in the index's order.
+	watchers map[*watcher]struct{}
+}
+
+// watcher is one Watch call's queue.
+type watcher struct {
+	updates chan Update
+	behind  chan struct{} // closed when updates overflowed
+}
+
+// Update is a change to one engine's GPU-resident kvpool keys, as Watch
+// delivers it. Tenant and Namespace are the engine's scope
+// (EngineConfig).
+type Update struct {
+	Engine, Tenant, Namespace string
+	kvevents.Changes
+}
+
+// ErrWatcherBehind ends a Watch whose caller fell WatchBuffer updates
+// behind: watching again starts from a fresh snapshot.
+var ErrWatcherBehind = errors.New("engines: the watcher fell behind")
+
+// publish sends the index's changes to every watcher. Called with e.mu
+// held, after every change to e.idx.
+func (e *engine) publish() {
+	c := e.idx.TakeChanges()
+	if c.Empty() {
+		return
+	}
+	u := Update{Engine: e.cfg.Name, Tenant: e.cfg.Tenant, Namespace: e.cfg.Namespace, Changes: c}
+	for w := range e.watchers {
+		select {
+		case w.updates <- u:
+		default:
+			close(w.behind)
+			delete(e.watchers, w)
+		}
+	}
+}
+
+// Watch calls fn with a snapshot of every engine's keys (one Reset update
+// per engine, in config order), then with each change as it is applied,
+// in order per engine, until ctx ends, fn returns an error or the caller
+// falls behind (ErrWatcherBehind). fn runs on Watch's goroutine and must
+// not keep the update's slices.
+func (t *Tracker) Watch(ctx context.Context, fn func(Update) error) error {
+	w := &watcher{updates: make(chan Update, t.cfg.WatchBuffer), behind: make(chan struct{})}
+	var snapshot []Update
+	for _, e := range t.engines {
+		e.mu.Lock()
+		e.publish() // what is pending predates the snapshot
+		u := Update{Engine: e.cfg.Name, Tenant: e.cfg.Tenant, Namespace: e.cfg.Namespace, Changes: kvevents.Changes{Reset: true}}
+		for _, k := range e.idx.Keys() {
+			u.Keys = append(u.Keys, kvevents.KeyChange{Key: k, Held: true})
+		}
+		e.watchers[w] = struct{}{}
+		e.mu.Unlock()
+		snapshot = append(snapshot, u)
+	}
+	defer func() {
+		for _, e := range t.engines {
+			e.mu.Lock()
+			delete(e.watchers, w)
+			e.mu.Unlock()
+		}
+	}()
+	for _, u := range snapshot {
+		if err := fn(u); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.behind:
+			return ErrWatcherBehind
+		case u := <-w.updates:
+			if err := fn(u); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // New returns a Tracker that knows nothing yet; Run starts following.
@@ -124,7 +214,9 @@ func New(cfg Config) (*Tracker, error) {
 	cfg.fill()
 	t := &Tracker{cfg: cfg}
 	for _, e := range cfg.Engines {
-		t.engines = append(t.engines, &engine{cfg: e, idx: kvevents.NewEngine(e.Keying)})
+		idx := kvevents.NewEngine(e.Keying)
+		idx.TrackChanges()
+		t.engines = append(t.engines, &engine{cfg: e, idx: idx, watchers: map[*watcher]struct{}{}})
 	}
 	return t, nil
 }
@@ -170,6 +262,9 @@ func (t *Tracker) Stats() []Stats {
 	}
 	return out
 }
+
+// Engines is how many engines t follows.
+func (t *Tracker) Engines() int { return len(t.engines) }
 
 // Run follows every engine until ctx ends.
 func (t *Tracker) Run(ctx context.Context) error {
@@ -234,6 +329,7 @@ func (t *Tracker) stream(ctx context.Context, e *engine) error {
 		e.mu.Lock()
 		v := e.idx.Apply(m)
 		next := e.idx.Next()
+		e.publish()
 		e.mu.Unlock()
 		if v == kvevents.Gap {
 			t.fill(ctx, e, next, m)
@@ -271,6 +367,7 @@ func (t *Tracker) fill(ctx context.Context, e *engine, from uint64, gapMsg kveve
 		e.idx.Lost(gapMsg.Seq)
 	}
 	e.idx.Apply(gapMsg)
+	e.publish()
 }
 
 func (t *Tracker) replay(ctx context.Context, e *engine, from, until uint64) error {
@@ -318,6 +415,7 @@ func (t *Tracker) replay(ctx context.Context, e *engine, from, until uint64) err
 			e.idx.Lost(m.Seq)
 			e.idx.Apply(m)
 		}
+		e.publish()
 		e.mu.Unlock()
 	}
 }

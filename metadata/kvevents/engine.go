@@ -37,6 +37,9 @@ type Engine struct {
 	held   map[string]int // kvpool key → engine blocks holding it
 	next   uint64
 	seen   bool
+	// changes, when tracked, are the key transitions since TakeChanges.
+	track   bool
+	changes Changes
 	// Stats count what was applied.
 	Stats EngineStats
 }
@@ -48,6 +51,45 @@ type EngineStats struct {
 	Duplicates                      int64 // messages at or before the last applied
 	StoredBlocks, RemovedBlocks     int64
 	UnkeyedBlocks, OtherMediaBlocks int64
+}
+
+// Changes are the transitions of an index's kvpool keys, in order: what a
+// copy of the index elsewhere applies to stay equal to it.
+type Changes struct {
+	// Reset: the copy forgets every key it held before applying Keys.
+	Reset bool
+	// Keys are keys that became held (Held) or stopped being held.
+	Keys []KeyChange
+}
+
+// KeyChange is one key's transition.
+type KeyChange struct {
+	Key  string
+	Held bool
+}
+
+// Empty reports whether c changes nothing.
+func (c *Changes) Empty() bool { return !c.Reset && len(c.Keys) == 0 }
+
+// TrackChanges makes the index record its key transitions for
+// TakeChanges. The caller must take them, or they grow without bound.
+func (e *Engine) TrackChanges() { e.track = true }
+
+// TakeChanges returns the transitions since the last call and forgets
+// them.
+func (e *Engine) TakeChanges() Changes {
+	c := e.changes
+	e.changes = Changes{}
+	return c
+}
+
+// Keys returns every kvpool key the index holds, in no order.
+func (e *Engine) Keys() []string {
+	out := make([]string, 0, len(e.held))
+	for k := range e.held {
+		out = append(out, k)
+	}
+	return out
 }
 
 // NewEngine returns the index of an engine that has published nothing.
@@ -112,6 +154,9 @@ func (e *Engine) Lost(seq uint64) {
 func (e *Engine) clear() {
 	clear(e.blocks)
 	clear(e.held)
+	if e.track {
+		e.changes = Changes{Reset: true}
+	}
 }
 
 func (e *Engine) apply(ev *Event) {
@@ -142,7 +187,9 @@ func (e *Engine) apply(ev *Event) {
 			e.Stats.UnkeyedBlocks++
 			continue
 		}
-		e.held[k]++
+		if e.held[k]++; e.held[k] == 1 && e.track {
+			e.changes.Keys = append(e.changes.Keys, KeyChange{Key: k, Held: true})
+		}
 		e.Stats.StoredBlocks++
 	}
 }
@@ -192,6 +239,9 @@ func (e *Engine) remove(h Hash) {
 	}
 	if e.held[b.key]--; e.held[b.key] <= 0 {
 		delete(e.held, b.key)
+		if e.track {
+			e.changes.Keys = append(e.changes.Keys, KeyChange{Key: b.key})
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,6 +48,13 @@ func TestEngineIndex(t *testing.T) {
 	var e *Engine
 	var keying Keying
 	const bs = 2
+	// shadow is a copy of the index kept from its changes alone, as a
+	// peer's mirror is: it must equal the index after every message.
+	var shadow map[string]bool
+	follow := func(t *testing.T) {
+		applyChanges(shadow, e.TakeChanges())
+		checkShadow(t, e, shadow)
+	}
 	datadriven.RunTest(t, "testdata/engine", func(t *testing.T, d *datadriven.TestData) string {
 		arg := func(name string) (string, bool) {
 			for _, a := range d.CmdArgs {
@@ -64,6 +72,8 @@ func TestEngineIndex(t *testing.T) {
 				keying.Chain = chain.Config{Scheme: chain.SHA256, Seed: seed}
 			}
 			e = NewEngine(keying)
+			e.TrackChanges()
+			shadow = map[string]bool{}
 			return ""
 		case "msg":
 			s, _ := arg("seq")
@@ -102,11 +112,13 @@ func TestEngineIndex(t *testing.T) {
 				}
 			}
 			v := e.Apply(Message{Seq: seq, Batch: Batch{Events: evs}})
+			follow(t)
 			return fmt.Sprintf("%s; next %d; holds %d", []string{"applied", "gap", "duplicate", "restarted"}[v], e.Next(), e.Len())
 		case "lost":
 			s, _ := arg("seq")
 			seq, _ := strconv.ParseUint(s, 10, 64)
 			e.Lost(seq)
+			follow(t)
 			return fmt.Sprintf("next %d; holds %d", e.Next(), e.Len())
 		case "prefix":
 			ns := ints(t, d.CmdArgs[0].Key)
@@ -132,4 +144,75 @@ func TestEngineIndex(t *testing.T) {
 		t.Fatalf("unknown command %q", d.Cmd)
 		return ""
 	})
+}
+
+func applyChanges(shadow map[string]bool, c Changes) {
+	if c.Reset {
+		clear(shadow)
+	}
+	for _, k := range c.Keys {
+		if k.Held {
+			shadow[k.Key] = true
+		} else {
+			delete(shadow, k.Key)
+		}
+	}
+}
+
+func checkShadow(t *testing.T, e *Engine, shadow map[string]bool) {
+	t.Helper()
+	keys := e.Keys()
+	if len(keys) != len(shadow) {
+		t.Fatalf("the copy kept from changes holds %d keys, the index %d", len(shadow), len(keys))
+	}
+	for _, k := range keys {
+		if !shadow[k] {
+			t.Fatalf("the copy kept from changes lacks key %x", k)
+		}
+	}
+}
+
+// A copy kept from the changes equals the index after any sequence of
+// stores (re-stores and shared keys included), removals, clears, gaps,
+// losses and restarts, however the changes are batched.
+func TestChangesKeepACopyEqual(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		e := NewEngine(Keying{})
+		e.TrackChanges()
+		shadow := map[string]bool{}
+		var seq uint64
+		for range 400 {
+			var evs []Event
+			for range rng.IntN(4) {
+				var hs []Hash
+				for range 1 + rng.IntN(3) {
+					hs = append(hs, IntHash(int64(rng.IntN(30))))
+				}
+				switch r := rng.IntN(20); {
+				case r == 0:
+					evs = append(evs, Event{Kind: Cleared})
+				case r < 8:
+					evs = append(evs, Event{Kind: Removed, Hashes: hs, Medium: MediumGPU})
+				default:
+					evs = append(evs, Event{Kind: Stored, Hashes: hs, Medium: MediumGPU})
+				}
+			}
+			switch r := rng.IntN(30); {
+			case r == 0:
+				seq = 0 // a restart
+			case r == 1:
+				e.Lost(seq + 2)
+				seq += 2
+			}
+			e.Apply(Message{Seq: seq, Batch: Batch{Events: evs}})
+			seq++
+			if rng.IntN(3) == 0 {
+				applyChanges(shadow, e.TakeChanges())
+				checkShadow(t, e, shadow)
+			}
+		}
+		applyChanges(shadow, e.TakeChanges())
+		checkShadow(t, e, shadow)
+	}
 }

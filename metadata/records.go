@@ -52,6 +52,13 @@ type NodeRecord struct {
 	// Accelerator names the node's engine hardware ("h200"), which picks
 	// its default prefill-speed curves in the cost model. Empty: unknown.
 	Accelerator string `json:"accelerator,omitempty"`
+	// EngineCaches is how many engines' KV event streams the node follows:
+	// peers watch its engines' GPU caches when it is not 0.
+	EngineCaches int `json:"engine_caches,omitempty"`
+	// HostToGPUBytesPerSecond is the rate the node's engines load blocks
+	// from its host memory, which prices its host tier in plans; 0:
+	// unknown (planners use their own).
+	HostToGPUBytesPerSecond float64 `json:"host_to_gpu_bps,omitempty"`
 }
 
 func (r *NodeRecord) validate() error {

@@ -42,6 +42,8 @@ var grpcRules = func() map[string]grpcRule {
 		kv + "Route":      plan,
 		kv + "Estimate":   plan,
 		kv + "Plan":       plan,
+		// Every tenant's GPU-resident keys: peers only, as transfers.
+		kv + "WatchEngineCaches": {op: auth.OpTransfer},
 
 		adm + "ListNodes":     adminRead,
 		adm + "ClusterLocate": adminRead,

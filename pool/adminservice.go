@@ -54,7 +54,10 @@ type adminService struct {
 	links     linkEstimates
 	tenants   interface{ TenantStats() []store.TenantStats }
 	policies  policyStore
-	now       func() time.Time
+	// gpu is what a node's engines hold in GPU memory, as this daemon
+	// knows it; nil: nothing known.
+	gpu func(node, tenant, namespace string, chain [][]byte) (blocks int, followed bool)
+	now func() time.Time
 }
 
 var _ kvpoolv1.AdminServiceServer = (*adminService)(nil)
@@ -124,7 +127,12 @@ func (a *adminService) ClusterLocate(_ context.Context, req *kvpoolv1.ClusterLoc
 		PoolPrefixBlocks: uint32(r.PoolPrefix), AnsweredBy: a.self,
 	}
 	for _, np := range r.Nodes {
-		out.Nodes = append(out.Nodes, &kvpoolv1.NodePrefix{NodeId: np.Node, PrefixBlocks: uint32(np.Blocks)})
+		p := &kvpoolv1.NodePrefix{NodeId: np.Node, PrefixBlocks: uint32(np.Blocks)}
+		if a.gpu != nil {
+			gpu, followed := a.gpu(np.Node, req.GetTenant(), req.GetNamespace(), req.GetKeys())
+			p.GpuPrefixBlocks, p.GpuFollowed = uint32(gpu), followed
+		}
+		out.Nodes = append(out.Nodes, p)
 	}
 	return out, nil
 }

@@ -109,6 +109,12 @@ type kvService struct {
 	replicas replicator
 	plan     queryPlanner
 	engine   loadReporter
+	// caches are this node's engines' GPU caches (nil when it follows
+	// none), served to peers until stopping closes; gpu answers Locate's
+	// GPU prefix.
+	caches   engineCaches
+	gpu      gpuPrefixer
+	stopping <-chan struct{}
 	// tasks runs a Put stream's receiver, so shutdown waits for it.
 	tasks              *tasks
 	reservationTimeout time.Duration
@@ -326,6 +332,9 @@ func (s *kvService) Locate(_ context.Context, req *kvpoolv1.LocateRequest) (*kvp
 		return nil, err
 	}
 	out := &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), NodeId: s.info.GetNodeId()}
+	if s.gpu != nil {
+		out.GpuPrefixBlocks = uint32(s.gpu.Prefix(req.GetTenant(), req.GetNamespace(), req.GetKeys()))
+	}
 	if d := s.leases.of(req.GetLeaseMs(), req.GetLease()); d > 0 && k > 0 {
 		_, until, err := s.store.Lease(tenant, ns, req.GetKeys()[:k], d)
 		if err != nil {
@@ -334,6 +343,11 @@ func (s *kvService) Locate(_ context.Context, req *kvpoolv1.LocateRequest) (*kvp
 		out.LeaseUntilUnixMs = until.UnixMilli()
 	}
 	return out, nil
+}
+
+// WatchEngineCaches streams this node's engines' GPU caches to a peer.
+func (s *kvService) WatchEngineCaches(_ *kvpoolv1.WatchEngineCachesRequest, stream kvpoolv1.KVPoolService_WatchEngineCachesServer) error {
+	return watchEngineCaches(s.caches, s.info.GetNodeId(), s.stopping, stream)
 }
 
 func (s *kvService) Remove(_ context.Context, req *kvpoolv1.RemoveRequest) (*kvpoolv1.RemoveResponse, error) {

@@ -32,6 +32,8 @@ type metrics struct {
 	refusedConns  *prometheus.CounterVec // by door and reason
 	accepted      *prometheus.CounterVec // by what a TCP connection turned out to be
 	logsDropped   prometheus.Counter
+	// peerCacheUpdates counts the peers' engine-cache updates applied.
+	peerCacheUpdates prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -76,13 +78,17 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_log_dropped_records_total",
 			Help: "Warnings and errors not logged because their cause had logged 10 records in the last 10 s.",
 		}),
+		peerCacheUpdates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_engine_caches_peer_updates_total",
+			Help: "Updates to peers' engines' GPU caches applied from their WatchEngineCaches streams.",
+		}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

@@ -65,7 +65,13 @@ type Node struct {
 	// engines follows this node's engines' KV events; nil without
 	// PlanConfig.EngineEvents.
 	engines *engines.Tracker
-	data    *dataServer
+	// peerCaches is the copy of the peers' engines' GPU caches; nil
+	// standalone.
+	peerCaches *peerCaches
+	// stopping closes when Run begins to shut down: the long streams to
+	// peers end then, so GracefulStop need not wait them out.
+	stopping chan struct{}
+	data     *dataServer
 
 	doors   doors
 	gate    *gatekeeper // who may pass the doors
@@ -88,7 +94,7 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, ready: make(chan struct{}), hostID: api.HostID()}
+	n := &Node{cfg: cfg, ready: make(chan struct{}), stopping: make(chan struct{}), hostID: api.HostID()}
 	log := slog.New(newRateLimited(cfg.Logger.Handler(), time.Now, func() {
 		if m := n.metrics; m != nil {
 			m.logsDropped.Inc()
@@ -215,6 +221,24 @@ func New(cfg Config) (*Node, error) {
 		}
 		n.engines, n.planner.gpu = t, t
 	}
+	if n.cluster != nil {
+		n.peerCaches = &peerCaches{
+			self: cfg.NodeID, nodes: n.cluster.Nodes, dead: n.cluster.Dead, dial: peerDialer(peerTLS, n.gate.peerToken),
+			log: log.With("component", "engine-caches"), now: cfg.Now, retry: 250 * time.Millisecond, reconcile: 250 * time.Millisecond,
+			updated: n.metrics.peerCacheUpdates.Inc, peers: map[string]*peerCache{},
+		}
+		n.planner.peerGPU = n.peerCaches
+	}
+	ec := &engineCollector{}
+	if n.engines != nil {
+		ec.engines = n.engines.Stats
+	}
+	if n.peerCaches != nil {
+		ec.peers = n.peerCaches.Status
+	}
+	if err := cfg.Registerer.Register(ec); err != nil {
+		return nil, errors.Join(err, n.Close())
+	}
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
@@ -242,15 +266,20 @@ func New(cfg Config) (*Node, error) {
 		grpc.ChainStreamInterceptor(n.metrics.streamInterceptor, n.gate.streamInterceptor),
 	)...)
 	n.grpcT.RegisterServer(n.grpcSrv)
-	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, &kvService{
+	kv := &kvService{
 		info: n.info(), store: n.store, leases: leases, fetch: n.fetcher, replicas: n.fetcher, plan: n.planner,
-		engine: n.engine, tasks: &n.doors.tasks, reservationTimeout: cfg.ReservationTimeout, getChunkBytes: cfg.GetChunkBytes,
+		engine: n.engine, stopping: n.stopping, tasks: &n.doors.tasks, reservationTimeout: cfg.ReservationTimeout, getChunkBytes: cfg.GetChunkBytes,
 		memoryLocked: seg.locked, now: cfg.Now,
-	})
+	}
+	if n.engines != nil {
+		kv.caches, kv.gpu = n.engines, n.engines
+	}
+	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, kv)
 	admin := &adminService{self: cfg.NodeID, transport: cfg.Transport.String(), links: n.links, tenants: n.store,
 		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.store), now: cfg.Now}
 	if n.cluster != nil {
 		admin.cluster = n.cluster
+		admin.gpu = n.gpuPrefix
 	}
 	kvpoolv1.RegisterAdminServiceServer(n.grpcSrv, admin)
 	n.health = health.NewServer()
@@ -292,6 +321,30 @@ func (n *Node) advertised() string {
 
 // Addr is the address serving gRPC and the data channel.
 func (n *Node) Addr() net.Addr { return n.doors.tcp.Addr() }
+
+// gpuPrefix is how many leading keys of chain one of node's engines holds
+// in GPU memory, as this daemon knows it, and whether it knows.
+func (n *Node) gpuPrefix(node, tenant, namespace string, chain [][]byte) (int, bool) {
+	if node == n.cfg.NodeID {
+		if n.engines == nil {
+			return 0, false
+		}
+		return n.engines.Prefix(tenant, namespace, chain), true
+	}
+	if n.peerCaches == nil {
+		return 0, false
+	}
+	return n.peerCaches.Prefix(node, tenant, namespace, chain)
+}
+
+// PeerCaches reports the peers whose engines' GPU caches this node
+// follows.
+func (n *Node) PeerCaches() []PeerCacheStatus {
+	if n.peerCaches == nil {
+		return nil
+	}
+	return n.peerCaches.Status()
+}
 
 // EngineStats reports the engines' event streams this node follows (none
 // without PlanConfig.EngineEvents).
@@ -406,6 +459,7 @@ func (n *Node) Run(ctx context.Context) error {
 	g.Go("token reloader", func() error { n.gate.watchTokens(ctx); return nil })
 	if n.cluster != nil {
 		n.cluster.run(ctx, &g)
+		g.Go("peer engine caches", func() error { n.peerCaches.Run(ctx); return nil })
 	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(kvpoolv1.KVPoolService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -420,6 +474,7 @@ func (n *Node) Run(ctx context.Context) error {
 		"page_bytes", n.cfg.PageBytes, "memory_locked", n.seg.locked)
 
 	<-ctx.Done()
+	close(n.stopping)
 	n.health.Shutdown()
 	// Stop accepting: closing the listeners ends the accept loops.
 	n.doors.stopAccepting()

@@ -53,6 +53,19 @@ type planView interface {
 	Link(to, from string) (metadata.LinkRecord, bool)
 }
 
+// gpuPrefixer says how many leading keys of a chain this node's engines
+// hold in GPU memory. *engines.Tracker implements it.
+type gpuPrefixer interface {
+	Prefix(tenant, namespace string, chain [][]byte) int
+}
+
+// peerGPU says how many leading keys of a chain a peer's engines hold in
+// GPU memory, and whether this node follows them at all. *peerCaches
+// implements it.
+type peerGPU interface {
+	Prefix(node, tenant, namespace string, chain [][]byte) (blocks int, followed bool)
+}
+
 // prefixIndex says which keys of a chain the node holds. *store.Store
 // implements it.
 type prefixIndex interface {
@@ -71,9 +84,10 @@ type planner struct {
 	load    func() metadata.Load // this node's, with its engine's report
 	now     func() time.Time
 	// gpu is this node's engines' GPU caches; nil when not followed.
-	gpu interface {
-		Prefix(tenant, namespace string, chain [][]byte) int
-	}
+	gpu gpuPrefixer
+	// peerGPU is the copy of the peers' engines' GPU caches; nil
+	// standalone.
+	peerGPU peerGPU
 	// placed are the requests its plans placed that their nodes have not
 	// reported yet.
 	placed *placements
@@ -159,9 +173,20 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	everyNode := len(want) == 0 // decided once: the loop empties want
 	for _, ni := range nodes {
 		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
-		if ni.rec.ID == p.self && p.gpu != nil {
+		switch {
+		case ni.rec.ID == p.self && p.gpu != nil:
 			node.GPUBlocks = p.gpu.Prefix(q.Tenant, q.Namespace, q.Keys)
 			node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+		case ni.rec.ID != p.self && p.peerGPU != nil:
+			// A peer whose engines this node follows: its GPU tier is
+			// free, its host tier loads at its own host-to-GPU rate.
+			if gpu, followed := p.peerGPU.Prefix(ni.rec.ID, q.Tenant, q.Namespace, q.Keys); followed {
+				node.GPUBlocks = gpu
+				node.HostToGPUBytesPerSecond = ni.rec.HostToGPUBytesPerSecond
+				if node.HostToGPUBytesPerSecond == 0 {
+					node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+				}
+			}
 		}
 		var placedQueueS float64
 		if p.placed != nil {

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/admin"
 	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/metadata/kvevents"
@@ -246,4 +248,153 @@ func TestPlanSeesTheEnginesGPUTier(t *testing.T) {
 	pub.do("removed 2")
 	eventually.True(t, "the plan drops the evicted block", 5*time.Second, func() bool { return estimate().GPUBlocks == 1 })
 	t.Logf("BlockRemoved to the daemon's plan: %v", time.Since(t0))
+}
+
+// Two engines publish from their own processes, engine A's events to
+// daemon 0 and engine B's to daemon 1; daemon 2 follows none. Every
+// daemon's Plan names A's GPU tier on node 0 soon after A's BlockStored,
+// and stops naming it soon after A's BlockRemoved; each round's latency
+// (the slowest daemon's) is logged. After a gap A's replay recovers, and
+// B, which has none, is forgotten everywhere rather than claimed wrong.
+// The cluster runs with mutual TLS, so the peers' streams are
+// authenticated as nodes.
+func TestEveryDaemonPlansWithEveryGPUTier(t *testing.T) {
+	requirePython(t)
+	pa, pb := startPublisher(t, true), startPublisher(t, false)
+	c := cluster.New(t, cluster.Config{Nodes: 3, Secure: true, Mutate: func(i int, pc *pool.Config) {
+		switch i {
+		case 0:
+			pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-a", Endpoint: pa.endpoint, Replay: pa.replay}}
+		case 1:
+			pc.EngineEvents = []engines.EngineConfig{{Name: "vllm-b", Endpoint: pb.endpoint}}
+		}
+	}})
+	c.WaitNodes(3)
+	node0, node1 := c.Nodes[0].ID, c.Nodes[1].ID
+	// gpu is what daemon d's Plan says node's engines hold of the chain.
+	gpu := func(d int, node string, keys [][]byte) int {
+		ans, err := c.Nodes[d].Node.Plan(pool.PlanQuery{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, np := range ans.Result.Nodes {
+			if np.Node == node {
+				return np.GPUBlocks
+			}
+		}
+		t.Fatalf("daemon %d's plan has no node %s", d, node)
+		return 0
+	}
+	// everywhere waits until every daemon's plan says node holds want
+	// blocks of keys in GPU memory, and returns how long that took.
+	everywhere := func(what, node string, keys [][]byte, want int) time.Duration {
+		t.Helper()
+		t0 := time.Now()
+		eventually.True(t, what, 10*time.Second, func() bool {
+			for d := range c.Nodes {
+				if gpu(d, node, keys) != want {
+					return false
+				}
+			}
+			return true
+		})
+		return time.Since(t0)
+	}
+	// Each daemon hears its engine, and every daemon follows both.
+	for i, p := range []*publisher{pa, pb} {
+		eventually.True(t, "daemon hears its engine", 10*time.Second, func() bool {
+			p.do("removed 999")
+			s := c.Nodes[i].Node.EngineStats()
+			return len(s) == 1 && s[0].Messages > 0
+		})
+	}
+	for d := range c.Nodes {
+		eventually.True(t, "every daemon follows both engines' nodes", 10*time.Second, func() bool {
+			up := 0
+			for _, s := range c.Nodes[d].Node.PeerCaches() {
+				if s.Connected {
+					up++
+				}
+			}
+			want := 2
+			if d < 2 {
+				want = 1 // its own engine is not a peer's
+			}
+			return up == want
+		})
+	}
+
+	// Rounds of store and remove on A: 1..4 stored, then 3 removed.
+	const rounds = 20
+	var storedIn, removedIn []time.Duration
+	for r := range rounds {
+		base := int64(1000 * (r + 1))
+		keys := hashKeys(base, base+1, base+2, base+3)
+		t0 := time.Now()
+		pa.do(fmt.Sprintf("stored %d,%d,%d,%d - 16", base, base+1, base+2, base+3))
+		everywhere("every plan names A's 4 blocks", node0, keys, 4)
+		storedIn = append(storedIn, time.Since(t0))
+		t0 = time.Now()
+		pa.do(fmt.Sprintf("removed %d", base+2))
+		everywhere("no plan names A's removed block", node0, keys, 2)
+		removedIn = append(removedIn, time.Since(t0))
+	}
+	slices.Sort(storedIn)
+	slices.Sort(removedIn)
+	t.Logf("BlockStored → every daemon's Plan names it, over %d rounds: p50 %v, max %v", rounds, storedIn[rounds/2], storedIn[rounds-1])
+	t.Logf("BlockRemoved → no daemon's Plan names it: p50 %v, max %v", removedIn[rounds/2], removedIn[rounds-1])
+
+	// A gap on A, filled from its replay socket: every daemon sees the
+	// message that was lost on the stream.
+	pa.do("stored 7,8 - 16")
+	everywhere("A's 7, 8", node0, hashKeys(7, 8), 2)
+	pa.do("drop stored 9 8 16")
+	pa.do("stored 10 9 16")
+	everywhere("A's 7..10 after the replay", node0, hashKeys(7, 8, 9, 10), 4)
+
+	// A gap on B, which has no replay: B's old blocks are forgotten on
+	// every daemon (the lost message removed one of them), and only what B
+	// stores afterwards counts.
+	pb.do("stored 101,102,103 - 16")
+	everywhere("B's 101..103", node1, hashKeys(101, 102, 103), 3)
+	pb.do("drop removed 103")
+	pb.do("stored 20 - 16")
+	everywhere("B's 20 after the loss", node1, hashKeys(20), 1)
+	for d := range c.Nodes {
+		if n := gpu(d, node1, hashKeys(101, 102, 103)); n != 0 {
+			t.Errorf("after B's loss daemon %d still claims %d of its old blocks", d, n)
+		}
+	}
+
+	// The admin view shows both tiers, from a daemon that follows peers.
+	loc, err := admin.New(c.Client(2, api.PathData)).Locate(context.Background(), "acme", "llama3-8b", hashKeys(7, 8, 9, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range loc.Nodes {
+		want := admin.NodePrefix{Node: n.Node}
+		switch n.Node {
+		case node0:
+			want.GPUBlocks, want.GPUFollowed = 4, true
+		case node1:
+			want.GPUFollowed = true
+		}
+		if n != want {
+			t.Errorf("cluster locate on daemon 2: %+v; want %+v", n, want)
+		}
+	}
+
+	// Daemon 0 stops: its engine's tier leaves every other plan (a
+	// peer that is gone holds nothing known).
+	c.Stop(0)
+	eventually.True(t, "daemon 0's GPU tier leaves the other plans", 20*time.Second, func() bool {
+		for d := 1; d < 3; d++ {
+			for _, s := range c.Nodes[d].Node.PeerCaches() {
+				if s.Node == node0 && s.Connected {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }

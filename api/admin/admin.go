@@ -81,10 +81,16 @@ type Location struct {
 	AnsweredBy       string `json:"answered_by"`
 }
 
-// NodePrefix is how many leading blocks of a chain a node holds.
+// NodePrefix is how many leading blocks of a chain a node holds, per
+// tier.
 type NodePrefix struct {
-	Node   string `json:"node"`
-	Blocks int    `json:"prefix_blocks"`
+	Node string `json:"node"`
+	// Blocks are in the node's kvpool host memory.
+	Blocks int `json:"prefix_blocks"`
+	// GPUBlocks are in one of its engines' GPU memory, from their KV
+	// events; meaningful only when GPUFollowed (else unknown).
+	GPUBlocks   int  `json:"gpu_prefix_blocks"`
+	GPUFollowed bool `json:"gpu_followed"`
 }
 
 // Locate answers, from the daemon's mirror, how much of the chain every
@@ -97,7 +103,8 @@ func (a *Client) Locate(ctx context.Context, tenant, namespace string, chain [][
 	out := Location{ChainBlocks: int(r.GetChainBlocks()), Nodes: []NodePrefix{}, DeepestBlocks: int(r.GetDeepestBlocks()),
 		DeepestNodes: r.GetDeepestNodes(), PoolPrefixBlocks: int(r.GetPoolPrefixBlocks()), AnsweredBy: r.GetAnsweredBy()}
 	for _, n := range r.GetNodes() {
-		out.Nodes = append(out.Nodes, NodePrefix{Node: n.GetNodeId(), Blocks: int(n.GetPrefixBlocks())})
+		out.Nodes = append(out.Nodes, NodePrefix{Node: n.GetNodeId(), Blocks: int(n.GetPrefixBlocks()),
+			GPUBlocks: int(n.GetGpuPrefixBlocks()), GPUFollowed: n.GetGpuFollowed()})
 	}
 	return out, nil
 }

@@ -521,7 +521,7 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	r := mustOK(t, kv(t, nil, "cluster", "demo"))
-	for _, want := range []string{"3 daemons up", "node-0  12", "node-1  6", "node-2  3", "deepest prefix: 12 blocks on node-0",
+	for _, want := range []string{"3 daemons up", "node-0  -    12", "node-1  -    6", "node-2  -    3", "deepest prefix: 12 blocks on node-0",
 		"every byte checked", "=> fetch wins: node-2", "=> recompute wins: node-2", "3 (3 alive in gossip)", "demo ok"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -81,8 +82,10 @@ func clusterLocateCmd(e *env) *cobra.Command {
 		Long: `locate asks for one prefix chain: either its keys (--keys, block 0 first, text or
 --hex), or the prompt's tokens (--tokens-file with --block-tokens, hashed with
 --scheme and --seed as the engine hashes them). It prints, for every live
-node, how many leading blocks it holds, the deepest prefix and who holds it,
-and how much of the chain the pool holds anywhere.`,
+node, how many leading blocks it holds in each tier: GPU (its engines' own
+caches, from their KV events; "-" where the daemon does not follow them) and
+HOST (the node's kvpool memory); then the deepest host prefix and who holds
+it, and how much of the chain the pool holds anywhere.`,
 		Example: `  kvpool cluster locate --tenant acme --namespace llama3-8b --tokens-file prompt.txt --block-tokens 16
   kvpool cluster locate --tenant acme --namespace llama3-8b --hex --keys 9f3a...,77c1...`,
 		Args: noArgs,
@@ -110,13 +113,25 @@ and how much of the chain the pool holds anywhere.`,
 	return c
 }
 
-// printLocate prints the per-node prefix table of a cluster locate.
+// printLocate prints the per-node prefix table of a cluster locate: per
+// tier, the GPU's (the engines' caches, "-" where not followed) and the
+// node's host memory.
 func printLocate(w io.Writer, loc *admin.Location) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "NODE\tPREFIX BLOCKS\tOF %d\n", loc.ChainBlocks)
+	fmt.Fprintf(tw, "NODE\tGPU\tHOST\tOF %d\n", loc.ChainBlocks)
 	for _, n := range loc.Nodes {
-		bar := strings.Repeat("#", n.Blocks*30/max(loc.ChainBlocks, 1))
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", n.Node, n.Blocks, bar)
+		gpu := "-"
+		if n.GPUFollowed {
+			gpu = strconv.Itoa(n.GPUBlocks)
+		}
+		// '#' for blocks in GPU memory, '+' for those only in host memory.
+		scale := func(b int) int { return b * 30 / max(loc.ChainBlocks, 1) }
+		g := 0
+		if n.GPUFollowed {
+			g = scale(n.GPUBlocks)
+		}
+		bar := strings.Repeat("#", g) + strings.Repeat("+", max(scale(n.Blocks)-g, 0))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", n.Node, gpu, n.Blocks, bar)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "deepest prefix: %d blocks on %s\n", loc.DeepestBlocks, dash(strings.Join(loc.DeepestNodes, ", ")))

@@ -766,9 +766,17 @@ func (x *ClusterLocateRequest) GetKeys() [][]byte {
 }
 
 type NodePrefix struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	PrefixBlocks  uint32                 `protobuf:"varint,2,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Leading blocks in the node's kvpool host memory.
+	PrefixBlocks uint32 `protobuf:"varint,2,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
+	// Leading blocks one of the node's engines holds in GPU memory, from
+	// the engines' KV events.
+	GpuPrefixBlocks uint32 `protobuf:"varint,3,opt,name=gpu_prefix_blocks,json=gpuPrefixBlocks,proto3" json:"gpu_prefix_blocks,omitempty"`
+	// Whether the answering daemon follows that node's engines' GPU caches:
+	// false means gpu_prefix_blocks is unknown (no engine events, or the
+	// stream is down), not 0.
+	GpuFollowed   bool `protobuf:"varint,4,opt,name=gpu_followed,json=gpuFollowed,proto3" json:"gpu_followed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +823,20 @@ func (x *NodePrefix) GetPrefixBlocks() uint32 {
 		return x.PrefixBlocks
 	}
 	return 0
+}
+
+func (x *NodePrefix) GetGpuPrefixBlocks() uint32 {
+	if x != nil {
+		return x.GpuPrefixBlocks
+	}
+	return 0
+}
+
+func (x *NodePrefix) GetGpuFollowed() bool {
+	if x != nil {
+		return x.GpuFollowed
+	}
+	return false
 }
 
 type ClusterLocateResponse struct {
@@ -1530,11 +1552,13 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x14ClusterLocateRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"J\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\"\x99\x01\n" +
 	"\n" +
 	"NodePrefix\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12#\n" +
-	"\rprefix_blocks\x18\x02 \x01(\rR\fprefixBlocks\"\x82\x02\n" +
+	"\rprefix_blocks\x18\x02 \x01(\rR\fprefixBlocks\x12*\n" +
+	"\x11gpu_prefix_blocks\x18\x03 \x01(\rR\x0fgpuPrefixBlocks\x12!\n" +
+	"\fgpu_followed\x18\x04 \x01(\bR\vgpuFollowed\"\x82\x02\n" +
 	"\x15ClusterLocateResponse\x12!\n" +
 	"\fchain_blocks\x18\x01 \x01(\rR\vchainBlocks\x12+\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x15.kvpool.v1.NodePrefixR\x05nodes\x12%\n" +

@@ -1140,8 +1140,11 @@ type LocateResponse struct {
 	NodeId       string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// When the lease ends, in Unix milliseconds; 0 without one.
 	LeaseUntilUnixMs int64 `protobuf:"varint,3,opt,name=lease_until_unix_ms,json=leaseUntilUnixMs,proto3" json:"lease_until_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// How many leading keys one of this node's engines holds in GPU
+	// memory, from its KV events (0 when it follows none).
+	GpuPrefixBlocks uint32 `protobuf:"varint,4,opt,name=gpu_prefix_blocks,json=gpuPrefixBlocks,proto3" json:"gpu_prefix_blocks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LocateResponse) Reset() {
@@ -1191,6 +1194,13 @@ func (x *LocateResponse) GetNodeId() string {
 func (x *LocateResponse) GetLeaseUntilUnixMs() int64 {
 	if x != nil {
 		return x.LeaseUntilUnixMs
+	}
+	return 0
+}
+
+func (x *LocateResponse) GetGpuPrefixBlocks() uint32 {
+	if x != nil {
+		return x.GpuPrefixBlocks
 	}
 	return 0
 }
@@ -3063,6 +3073,139 @@ func (x *NodePlan) GetLocalLoadSeconds() float64 {
 	return 0
 }
 
+type WatchEngineCachesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEngineCachesRequest) Reset() {
+	*x = WatchEngineCachesRequest{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEngineCachesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEngineCachesRequest) ProtoMessage() {}
+
+func (x *WatchEngineCachesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEngineCachesRequest.ProtoReflect.Descriptor instead.
+func (*WatchEngineCachesRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{42}
+}
+
+// WatchEngineCachesResponse changes what one engine holds in GPU memory.
+type WatchEngineCachesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node streaming, so a follower knows it reached the node it meant.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Engine string `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
+	// Whose blocks the engine computes; empty matches any.
+	Tenant    string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Forget every key of this engine held before applying this update.
+	Reset_ bool `protobuf:"varint,5,opt,name=reset,proto3" json:"reset,omitempty"`
+	// Keys now held, and keys no longer held (disjoint).
+	Added         [][]byte `protobuf:"bytes,6,rep,name=added,proto3" json:"added,omitempty"`
+	Removed       [][]byte `protobuf:"bytes,7,rep,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEngineCachesResponse) Reset() {
+	*x = WatchEngineCachesResponse{}
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEngineCachesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEngineCachesResponse) ProtoMessage() {}
+
+func (x *WatchEngineCachesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_kvpool_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEngineCachesResponse.ProtoReflect.Descriptor instead.
+func (*WatchEngineCachesResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_kvpool_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *WatchEngineCachesResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *WatchEngineCachesResponse) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *WatchEngineCachesResponse) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchEngineCachesResponse) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WatchEngineCachesResponse) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *WatchEngineCachesResponse) GetAdded() [][]byte {
+	if x != nil {
+		return x.Added
+	}
+	return nil
+}
+
+func (x *WatchEngineCachesResponse) GetRemoved() [][]byte {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
 var File_kvpool_v1_kvpool_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_kvpool_proto_rawDesc = "" +
@@ -3141,11 +3284,12 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x19\n" +
 	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x12\x14\n" +
-	"\x05lease\x18\x05 \x01(\bR\x05lease\"}\n" +
+	"\x05lease\x18\x05 \x01(\bR\x05lease\"\xa9\x01\n" +
 	"\x0eLocateResponse\x12#\n" +
 	"\rprefix_blocks\x18\x01 \x01(\rR\fprefixBlocks\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12-\n" +
-	"\x13lease_until_unix_ms\x18\x03 \x01(\x03R\x10leaseUntilUnixMs\"L\n" +
+	"\x13lease_until_unix_ms\x18\x03 \x01(\x03R\x10leaseUntilUnixMs\x12*\n" +
+	"\x11gpu_prefix_blocks\x18\x04 \x01(\rR\x0fgpuPrefixBlocks\"L\n" +
 	"\rRemoveRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
@@ -3310,7 +3454,16 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x1abreakeven_bytes_per_second\x18\x15 \x01(\x01R\x17breakevenBytesPerSecond\x12\x1d\n" +
 	"\n" +
 	"gpu_blocks\x18\x16 \x01(\rR\tgpuBlocks\x12,\n" +
-	"\x12local_load_seconds\x18\x17 \x01(\x01R\x10localLoadSeconds2\xfc\x06\n" +
+	"\x12local_load_seconds\x18\x17 \x01(\x01R\x10localLoadSeconds\"\x1a\n" +
+	"\x18WatchEngineCachesRequest\"\xc8\x01\n" +
+	"\x19WatchEngineCachesResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05reset\x18\x05 \x01(\bR\x05reset\x12\x14\n" +
+	"\x05added\x18\x06 \x03(\fR\x05added\x12\x18\n" +
+	"\aremoved\x18\a \x03(\fR\aremoved2\xde\a\n" +
 	"\rKVPoolService\x126\n" +
 	"\x03Put\x12\x15.kvpool.v1.PutRequest\x1a\x16.kvpool.v1.PutResponse(\x01\x126\n" +
 	"\x03Get\x12\x15.kvpool.v1.GetRequest\x1a\x16.kvpool.v1.GetResponse0\x01\x12C\n" +
@@ -3326,7 +3479,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x05Fetch\x12\x17.kvpool.v1.FetchRequest\x1a\x18.kvpool.v1.FetchResponse\x12:\n" +
 	"\x05Route\x12\x17.kvpool.v1.RouteRequest\x1a\x18.kvpool.v1.RouteResponse\x12C\n" +
 	"\bEstimate\x12\x1a.kvpool.v1.EstimateRequest\x1a\x1b.kvpool.v1.EstimateResponse\x127\n" +
-	"\x04Plan\x12\x16.kvpool.v1.PlanRequest\x1a\x17.kvpool.v1.PlanResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\x04Plan\x12\x16.kvpool.v1.PlanRequest\x1a\x17.kvpool.v1.PlanResponse\x12`\n" +
+	"\x11WatchEngineCaches\x12#.kvpool.v1.WatchEngineCachesRequest\x1a$.kvpool.v1.WatchEngineCachesResponse0\x01B1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_kvpool_proto_rawDescOnce sync.Once
@@ -3340,50 +3494,52 @@ func file_kvpool_v1_kvpool_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_kvpool_proto_rawDescData
 }
 
-var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_kvpool_v1_kvpool_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_kvpool_v1_kvpool_proto_goTypes = []any{
-	(*BlockKey)(nil),           // 0: kvpool.v1.BlockKey
-	(*PutHeader)(nil),          // 1: kvpool.v1.PutHeader
-	(*PutRequest)(nil),         // 2: kvpool.v1.PutRequest
-	(*PutResponse)(nil),        // 3: kvpool.v1.PutResponse
-	(*GetRequest)(nil),         // 4: kvpool.v1.GetRequest
-	(*BlockInfo)(nil),          // 5: kvpool.v1.BlockInfo
-	(*GetResponse)(nil),        // 6: kvpool.v1.GetResponse
-	(*BatchPutItem)(nil),       // 7: kvpool.v1.BatchPutItem
-	(*BatchPutRequest)(nil),    // 8: kvpool.v1.BatchPutRequest
-	(*ItemStatus)(nil),         // 9: kvpool.v1.ItemStatus
-	(*BatchPutResult)(nil),     // 10: kvpool.v1.BatchPutResult
-	(*BatchPutResponse)(nil),   // 11: kvpool.v1.BatchPutResponse
-	(*BatchGetRequest)(nil),    // 12: kvpool.v1.BatchGetRequest
-	(*BatchGetResult)(nil),     // 13: kvpool.v1.BatchGetResult
-	(*BatchGetResponse)(nil),   // 14: kvpool.v1.BatchGetResponse
-	(*ExistsRequest)(nil),      // 15: kvpool.v1.ExistsRequest
-	(*ExistsResponse)(nil),     // 16: kvpool.v1.ExistsResponse
-	(*LocateRequest)(nil),      // 17: kvpool.v1.LocateRequest
-	(*LocateResponse)(nil),     // 18: kvpool.v1.LocateResponse
-	(*RemoveRequest)(nil),      // 19: kvpool.v1.RemoveRequest
-	(*RemoveResponse)(nil),     // 20: kvpool.v1.RemoveResponse
-	(*StatsRequest)(nil),       // 21: kvpool.v1.StatsRequest
-	(*NamespaceStats)(nil),     // 22: kvpool.v1.NamespaceStats
-	(*StatsResponse)(nil),      // 23: kvpool.v1.StatsResponse
-	(*TenantStats)(nil),        // 24: kvpool.v1.TenantStats
-	(*InfoRequest)(nil),        // 25: kvpool.v1.InfoRequest
-	(*InfoResponse)(nil),       // 26: kvpool.v1.InfoResponse
-	(*ReportLoadRequest)(nil),  // 27: kvpool.v1.ReportLoadRequest
-	(*ReportLoadResponse)(nil), // 28: kvpool.v1.ReportLoadResponse
-	(*FetchRequest)(nil),       // 29: kvpool.v1.FetchRequest
-	(*FetchResult)(nil),        // 30: kvpool.v1.FetchResult
-	(*FetchResponse)(nil),      // 31: kvpool.v1.FetchResponse
-	(*RouteRequest)(nil),       // 32: kvpool.v1.RouteRequest
-	(*Holder)(nil),             // 33: kvpool.v1.Holder
-	(*BlockRoute)(nil),         // 34: kvpool.v1.BlockRoute
-	(*RouteResponse)(nil),      // 35: kvpool.v1.RouteResponse
-	(*EstimateRequest)(nil),    // 36: kvpool.v1.EstimateRequest
-	(*EstimateResponse)(nil),   // 37: kvpool.v1.EstimateResponse
-	(*PlanRequest)(nil),        // 38: kvpool.v1.PlanRequest
-	(*PlanResponse)(nil),       // 39: kvpool.v1.PlanResponse
-	(*PlanSummary)(nil),        // 40: kvpool.v1.PlanSummary
-	(*NodePlan)(nil),           // 41: kvpool.v1.NodePlan
+	(*BlockKey)(nil),                  // 0: kvpool.v1.BlockKey
+	(*PutHeader)(nil),                 // 1: kvpool.v1.PutHeader
+	(*PutRequest)(nil),                // 2: kvpool.v1.PutRequest
+	(*PutResponse)(nil),               // 3: kvpool.v1.PutResponse
+	(*GetRequest)(nil),                // 4: kvpool.v1.GetRequest
+	(*BlockInfo)(nil),                 // 5: kvpool.v1.BlockInfo
+	(*GetResponse)(nil),               // 6: kvpool.v1.GetResponse
+	(*BatchPutItem)(nil),              // 7: kvpool.v1.BatchPutItem
+	(*BatchPutRequest)(nil),           // 8: kvpool.v1.BatchPutRequest
+	(*ItemStatus)(nil),                // 9: kvpool.v1.ItemStatus
+	(*BatchPutResult)(nil),            // 10: kvpool.v1.BatchPutResult
+	(*BatchPutResponse)(nil),          // 11: kvpool.v1.BatchPutResponse
+	(*BatchGetRequest)(nil),           // 12: kvpool.v1.BatchGetRequest
+	(*BatchGetResult)(nil),            // 13: kvpool.v1.BatchGetResult
+	(*BatchGetResponse)(nil),          // 14: kvpool.v1.BatchGetResponse
+	(*ExistsRequest)(nil),             // 15: kvpool.v1.ExistsRequest
+	(*ExistsResponse)(nil),            // 16: kvpool.v1.ExistsResponse
+	(*LocateRequest)(nil),             // 17: kvpool.v1.LocateRequest
+	(*LocateResponse)(nil),            // 18: kvpool.v1.LocateResponse
+	(*RemoveRequest)(nil),             // 19: kvpool.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 20: kvpool.v1.RemoveResponse
+	(*StatsRequest)(nil),              // 21: kvpool.v1.StatsRequest
+	(*NamespaceStats)(nil),            // 22: kvpool.v1.NamespaceStats
+	(*StatsResponse)(nil),             // 23: kvpool.v1.StatsResponse
+	(*TenantStats)(nil),               // 24: kvpool.v1.TenantStats
+	(*InfoRequest)(nil),               // 25: kvpool.v1.InfoRequest
+	(*InfoResponse)(nil),              // 26: kvpool.v1.InfoResponse
+	(*ReportLoadRequest)(nil),         // 27: kvpool.v1.ReportLoadRequest
+	(*ReportLoadResponse)(nil),        // 28: kvpool.v1.ReportLoadResponse
+	(*FetchRequest)(nil),              // 29: kvpool.v1.FetchRequest
+	(*FetchResult)(nil),               // 30: kvpool.v1.FetchResult
+	(*FetchResponse)(nil),             // 31: kvpool.v1.FetchResponse
+	(*RouteRequest)(nil),              // 32: kvpool.v1.RouteRequest
+	(*Holder)(nil),                    // 33: kvpool.v1.Holder
+	(*BlockRoute)(nil),                // 34: kvpool.v1.BlockRoute
+	(*RouteResponse)(nil),             // 35: kvpool.v1.RouteResponse
+	(*EstimateRequest)(nil),           // 36: kvpool.v1.EstimateRequest
+	(*EstimateResponse)(nil),          // 37: kvpool.v1.EstimateResponse
+	(*PlanRequest)(nil),               // 38: kvpool.v1.PlanRequest
+	(*PlanResponse)(nil),              // 39: kvpool.v1.PlanResponse
+	(*PlanSummary)(nil),               // 40: kvpool.v1.PlanSummary
+	(*NodePlan)(nil),                  // 41: kvpool.v1.NodePlan
+	(*WatchEngineCachesRequest)(nil),  // 42: kvpool.v1.WatchEngineCachesRequest
+	(*WatchEngineCachesResponse)(nil), // 43: kvpool.v1.WatchEngineCachesResponse
 }
 var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	0,  // 0: kvpool.v1.PutHeader.key:type_name -> kvpool.v1.BlockKey
@@ -3421,22 +3577,24 @@ var file_kvpool_v1_kvpool_proto_depIdxs = []int32{
 	32, // 32: kvpool.v1.KVPoolService.Route:input_type -> kvpool.v1.RouteRequest
 	36, // 33: kvpool.v1.KVPoolService.Estimate:input_type -> kvpool.v1.EstimateRequest
 	38, // 34: kvpool.v1.KVPoolService.Plan:input_type -> kvpool.v1.PlanRequest
-	3,  // 35: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
-	6,  // 36: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
-	11, // 37: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
-	14, // 38: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
-	16, // 39: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
-	18, // 40: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
-	20, // 41: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
-	23, // 42: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
-	26, // 43: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
-	28, // 44: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
-	31, // 45: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
-	35, // 46: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
-	37, // 47: kvpool.v1.KVPoolService.Estimate:output_type -> kvpool.v1.EstimateResponse
-	39, // 48: kvpool.v1.KVPoolService.Plan:output_type -> kvpool.v1.PlanResponse
-	35, // [35:49] is the sub-list for method output_type
-	21, // [21:35] is the sub-list for method input_type
+	42, // 35: kvpool.v1.KVPoolService.WatchEngineCaches:input_type -> kvpool.v1.WatchEngineCachesRequest
+	3,  // 36: kvpool.v1.KVPoolService.Put:output_type -> kvpool.v1.PutResponse
+	6,  // 37: kvpool.v1.KVPoolService.Get:output_type -> kvpool.v1.GetResponse
+	11, // 38: kvpool.v1.KVPoolService.BatchPut:output_type -> kvpool.v1.BatchPutResponse
+	14, // 39: kvpool.v1.KVPoolService.BatchGet:output_type -> kvpool.v1.BatchGetResponse
+	16, // 40: kvpool.v1.KVPoolService.Exists:output_type -> kvpool.v1.ExistsResponse
+	18, // 41: kvpool.v1.KVPoolService.Locate:output_type -> kvpool.v1.LocateResponse
+	20, // 42: kvpool.v1.KVPoolService.Remove:output_type -> kvpool.v1.RemoveResponse
+	23, // 43: kvpool.v1.KVPoolService.Stats:output_type -> kvpool.v1.StatsResponse
+	26, // 44: kvpool.v1.KVPoolService.Info:output_type -> kvpool.v1.InfoResponse
+	28, // 45: kvpool.v1.KVPoolService.ReportLoad:output_type -> kvpool.v1.ReportLoadResponse
+	31, // 46: kvpool.v1.KVPoolService.Fetch:output_type -> kvpool.v1.FetchResponse
+	35, // 47: kvpool.v1.KVPoolService.Route:output_type -> kvpool.v1.RouteResponse
+	37, // 48: kvpool.v1.KVPoolService.Estimate:output_type -> kvpool.v1.EstimateResponse
+	39, // 49: kvpool.v1.KVPoolService.Plan:output_type -> kvpool.v1.PlanResponse
+	43, // 50: kvpool.v1.KVPoolService.WatchEngineCaches:output_type -> kvpool.v1.WatchEngineCachesResponse
+	36, // [36:51] is the sub-list for method output_type
+	21, // [21:36] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -3463,7 +3621,7 @@ func file_kvpool_v1_kvpool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_kvpool_proto_rawDesc), len(file_kvpool_v1_kvpool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

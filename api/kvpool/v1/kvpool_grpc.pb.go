@@ -32,20 +32,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	KVPoolService_Put_FullMethodName        = "/kvpool.v1.KVPoolService/Put"
-	KVPoolService_Get_FullMethodName        = "/kvpool.v1.KVPoolService/Get"
-	KVPoolService_BatchPut_FullMethodName   = "/kvpool.v1.KVPoolService/BatchPut"
-	KVPoolService_BatchGet_FullMethodName   = "/kvpool.v1.KVPoolService/BatchGet"
-	KVPoolService_Exists_FullMethodName     = "/kvpool.v1.KVPoolService/Exists"
-	KVPoolService_Locate_FullMethodName     = "/kvpool.v1.KVPoolService/Locate"
-	KVPoolService_Remove_FullMethodName     = "/kvpool.v1.KVPoolService/Remove"
-	KVPoolService_Stats_FullMethodName      = "/kvpool.v1.KVPoolService/Stats"
-	KVPoolService_Info_FullMethodName       = "/kvpool.v1.KVPoolService/Info"
-	KVPoolService_ReportLoad_FullMethodName = "/kvpool.v1.KVPoolService/ReportLoad"
-	KVPoolService_Fetch_FullMethodName      = "/kvpool.v1.KVPoolService/Fetch"
-	KVPoolService_Route_FullMethodName      = "/kvpool.v1.KVPoolService/Route"
-	KVPoolService_Estimate_FullMethodName   = "/kvpool.v1.KVPoolService/Estimate"
-	KVPoolService_Plan_FullMethodName       = "/kvpool.v1.KVPoolService/Plan"
+	KVPoolService_Put_FullMethodName               = "/kvpool.v1.KVPoolService/Put"
+	KVPoolService_Get_FullMethodName               = "/kvpool.v1.KVPoolService/Get"
+	KVPoolService_BatchPut_FullMethodName          = "/kvpool.v1.KVPoolService/BatchPut"
+	KVPoolService_BatchGet_FullMethodName          = "/kvpool.v1.KVPoolService/BatchGet"
+	KVPoolService_Exists_FullMethodName            = "/kvpool.v1.KVPoolService/Exists"
+	KVPoolService_Locate_FullMethodName            = "/kvpool.v1.KVPoolService/Locate"
+	KVPoolService_Remove_FullMethodName            = "/kvpool.v1.KVPoolService/Remove"
+	KVPoolService_Stats_FullMethodName             = "/kvpool.v1.KVPoolService/Stats"
+	KVPoolService_Info_FullMethodName              = "/kvpool.v1.KVPoolService/Info"
+	KVPoolService_ReportLoad_FullMethodName        = "/kvpool.v1.KVPoolService/ReportLoad"
+	KVPoolService_Fetch_FullMethodName             = "/kvpool.v1.KVPoolService/Fetch"
+	KVPoolService_Route_FullMethodName             = "/kvpool.v1.KVPoolService/Route"
+	KVPoolService_Estimate_FullMethodName          = "/kvpool.v1.KVPoolService/Estimate"
+	KVPoolService_Plan_FullMethodName              = "/kvpool.v1.KVPoolService/Plan"
+	KVPoolService_WatchEngineCaches_FullMethodName = "/kvpool.v1.KVPoolService/WatchEngineCaches"
 )
 
 // KVPoolServiceClient is the client API for KVPoolService service.
@@ -99,6 +100,11 @@ type KVPoolServiceClient interface {
 	// Plan answers Estimate for every candidate node and ranks them: where
 	// to send the request, and whether that node should fetch or recompute.
 	Plan(ctx context.Context, in *PlanRequest, opts ...grpc.CallOption) (*PlanResponse, error)
+	// WatchEngineCaches streams what this node's engines hold in GPU
+	// memory, from their KV events, as kvpool keys: a snapshot of each
+	// engine (reset), then its changes as they are applied. Peers follow
+	// it to plan with every node's GPU tier. Nodes only.
+	WatchEngineCaches(ctx context.Context, in *WatchEngineCachesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEngineCachesResponse], error)
 }
 
 type kVPoolServiceClient struct {
@@ -261,6 +267,25 @@ func (c *kVPoolServiceClient) Plan(ctx context.Context, in *PlanRequest, opts ..
 	return out, nil
 }
 
+func (c *kVPoolServiceClient) WatchEngineCaches(ctx context.Context, in *WatchEngineCachesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEngineCachesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVPoolService_ServiceDesc.Streams[2], KVPoolService_WatchEngineCaches_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchEngineCachesRequest, WatchEngineCachesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVPoolService_WatchEngineCachesClient = grpc.ServerStreamingClient[WatchEngineCachesResponse]
+
 // KVPoolServiceServer is the server API for KVPoolService service.
 // All implementations must embed UnimplementedKVPoolServiceServer
 // for forward compatibility.
@@ -312,6 +337,11 @@ type KVPoolServiceServer interface {
 	// Plan answers Estimate for every candidate node and ranks them: where
 	// to send the request, and whether that node should fetch or recompute.
 	Plan(context.Context, *PlanRequest) (*PlanResponse, error)
+	// WatchEngineCaches streams what this node's engines hold in GPU
+	// memory, from their KV events, as kvpool keys: a snapshot of each
+	// engine (reset), then its changes as they are applied. Peers follow
+	// it to plan with every node's GPU tier. Nodes only.
+	WatchEngineCaches(*WatchEngineCachesRequest, grpc.ServerStreamingServer[WatchEngineCachesResponse]) error
 	mustEmbedUnimplementedKVPoolServiceServer()
 }
 
@@ -363,6 +393,9 @@ func (UnimplementedKVPoolServiceServer) Estimate(context.Context, *EstimateReque
 }
 func (UnimplementedKVPoolServiceServer) Plan(context.Context, *PlanRequest) (*PlanResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Plan not implemented")
+}
+func (UnimplementedKVPoolServiceServer) WatchEngineCaches(*WatchEngineCachesRequest, grpc.ServerStreamingServer[WatchEngineCachesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchEngineCaches not implemented")
 }
 func (UnimplementedKVPoolServiceServer) mustEmbedUnimplementedKVPoolServiceServer() {}
 func (UnimplementedKVPoolServiceServer) testEmbeddedByValue()                       {}
@@ -619,6 +652,17 @@ func _KVPoolService_Plan_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KVPoolService_WatchEngineCaches_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEngineCachesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVPoolServiceServer).WatchEngineCaches(m, &grpc.GenericServerStream[WatchEngineCachesRequest, WatchEngineCachesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVPoolService_WatchEngineCachesServer = grpc.ServerStreamingServer[WatchEngineCachesResponse]
+
 // KVPoolService_ServiceDesc is the grpc.ServiceDesc for KVPoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -684,6 +728,11 @@ var KVPoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Get",
 			Handler:       _KVPoolService_Get_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchEngineCaches",
+			Handler:       _KVPoolService_WatchEngineCaches_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -84,6 +84,11 @@ class KVPoolServiceStub(object):
                 request_serializer=kvpool_dot_v1_dot_kvpool__pb2.PlanRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.PlanResponse.FromString,
                 )
+        self.WatchEngineCaches = channel.unary_stream(
+                '/kvpool.v1.KVPoolService/WatchEngineCaches',
+                request_serializer=kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesResponse.FromString,
+                )
 
 
 class KVPoolServiceServicer(object):
@@ -206,6 +211,16 @@ class KVPoolServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEngineCaches(self, request, context):
+        """WatchEngineCaches streams what this node's engines hold in GPU
+        memory, from their KV events, as kvpool keys: a snapshot of each
+        engine (reset), then its changes as they are applied. Peers follow
+        it to plan with every node's GPU tier. Nodes only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVPoolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -278,6 +293,11 @@ def add_KVPoolServiceServicer_to_server(servicer, server):
                     servicer.Plan,
                     request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.PlanRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_kvpool__pb2.PlanResponse.SerializeToString,
+            ),
+            'WatchEngineCaches': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEngineCaches,
+                    request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -524,5 +544,22 @@ class KVPoolService(object):
         return grpc.experimental.unary_unary(request, target, '/kvpool.v1.KVPoolService/Plan',
             kvpool_dot_v1_dot_kvpool__pb2.PlanRequest.SerializeToString,
             kvpool_dot_v1_dot_kvpool__pb2.PlanResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchEngineCaches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/kvpool.v1.KVPoolService/WatchEngineCaches',
+            kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesRequest.SerializeToString,
+            kvpool_dot_v1_dot_kvpool__pb2.WatchEngineCachesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

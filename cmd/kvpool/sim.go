@@ -52,6 +52,7 @@ type simOptions struct {
 
 	// The pool.
 	hostGB       float64
+	routerSees   string
 	gpuPolicy    string
 	hostPolicy   string
 	rttUS        float64
@@ -80,6 +81,7 @@ func (o *simOptions) registerShared(fl *pflag.FlagSet) {
 	fl.IntVar(&o.maxBatch, "max-batch", 256, "most sequences an engine decodes at once")
 	fl.Float64Var(&o.stepOverhead, "step-overhead-ms", 0, "what a decode step costs beyond its memory traffic, ms")
 	fl.Float64Var(&o.hostGB, "host-gb", 200, "each node's kvpool host tier, GB (0: none; then only GPU caches reuse)")
+	fl.StringVar(&o.routerSees, "router-sees", routerSeesAll, "what the router knows of each node's cache: gpu+host (the engines' GPU caches from their KV events, and kvpool's host tier) or host (kvpool's host tier only, as without KV events)")
 	fl.StringVar(&o.gpuPolicy, "gpu-policy", "lru", "eviction policy of the GPU prefix caches")
 	fl.StringVar(&o.hostPolicy, "host-policy", "lru", "eviction policy of the host tiers")
 	fl.Float64Var(&o.rttUS, "rtt-us", 20, "network round trip, µs, paid once per fetch")
@@ -90,7 +92,7 @@ func (o *simOptions) register(fl *pflag.FlagSet) {
 	o.registerShared(fl)
 	fl.StringSliceVar(&o.policies, "policies", nil, "routing policies to compare: round-robin, least-loaded, affinity, cost, pool, pool-split, oracle (default all)")
 	fl.BoolVar(&o.json, "json", false, "print one JSON object per run (policy × grid point) in an array")
-	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb, seed; repeatable (the grid is every combination)")
+	fl.StringArrayVar(&o.sweeps, "sweep", nil, "vary a parameter: NAME=V1,V2,... with NAME one of link-gbps, model, time-scale, nodes, host-gb, seed, router-sees; repeatable (the grid is every combination)")
 	fl.StringVar(&o.plot, "plot", "", "write PNG plots to this directory: TTFT p90 against link bandwidth per policy (per model), and against KV bytes per token")
 	fl.StringSliceVar(&o.plotFrom, "plot-from", nil, "with --plot: plot the runs in these files (what --json printed) instead of simulating; repeatable, so runs at different time scales share the plots")
 }
@@ -142,7 +144,15 @@ type simPoint struct {
 	timeScale float64
 	nodes     int
 	hostGB    float64
+	// routerSees is routerSeesAll or routerSeesHost.
+	routerSees string
 }
+
+// Values of --router-sees.
+const (
+	routerSeesAll  = "gpu+host"
+	routerSeesHost = "host"
+)
 
 // simRow is one run's report: the --json shape.
 type simRow struct {
@@ -153,6 +163,7 @@ type simRow struct {
 	LinkGbps        float64 `json:"link_gbps"`
 	TimeScale       float64 `json:"time_scale"`
 	HostGB          float64 `json:"host_gb"`
+	RouterSees      string  `json:"router_sees"`
 	Seed            uint64  `json:"seed"`
 	Policy          string  `json:"policy"`
 	Requests        int     `json:"requests"`
@@ -185,7 +196,7 @@ type simRow struct {
 func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow {
 	return simRow{
 		Model: p.model, Accelerator: accelerator, KVBytesPerToken: kv, Nodes: p.nodes, LinkGbps: p.linkGbps,
-		TimeScale: p.timeScale, HostGB: p.hostGB, Seed: p.seed, Policy: r.Policy, Requests: r.Requests,
+		TimeScale: p.timeScale, HostGB: p.hostGB, RouterSees: p.routerSees, Seed: p.seed, Policy: r.Policy, Requests: r.Requests,
 		TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99, TTFTMean: r.TTFT.Mean,
 		TPOTP50: r.TPOT.P50, TPOTP90: r.TPOT.P90, TPOTMean: r.TPOT.Mean,
 		OutputTPS: r.OutputTokensPerS, RequestsPerS: r.RequestsPerS, MakespanS: r.MakespanS,
@@ -198,7 +209,7 @@ func newSimRow(p simPoint, accelerator string, kv float64, r *sim.Result) simRow
 
 // grid expands the sweeps into points, first sweep outermost.
 func (o *simOptions) grid() ([]simPoint, error) {
-	points := []simPoint{{seed: o.seed, model: o.model, linkGbps: o.linkGbps, timeScale: o.timeScale, nodes: o.nodes, hostGB: o.hostGB}}
+	points := []simPoint{{seed: o.seed, model: o.model, linkGbps: o.linkGbps, timeScale: o.timeScale, nodes: o.nodes, hostGB: o.hostGB, routerSees: o.routerSees}}
 	seen := map[string]bool{}
 	var errs []error
 	reported := map[string]bool{} // a bad value is reported once, not per point
@@ -233,8 +244,10 @@ func (o *simOptions) grid() ([]simPoint, error) {
 					q.nodes, err = strconv.Atoi(v)
 				case "seed":
 					q.seed, err = strconv.ParseUint(v, 10, 64)
+				case "router-sees":
+					q.routerSees = v
 				default:
-					err = errors.New("unknown parameter (want link-gbps, model, time-scale, nodes, host-gb or seed)")
+					err = errors.New("unknown parameter (want link-gbps, model, time-scale, nodes, host-gb, seed or router-sees)")
 				}
 				if err != nil {
 					if msg := fmt.Sprintf("--sweep %s=%s: %v", name, v, err); !reported[msg] {
@@ -303,6 +316,13 @@ func (s *simSetup) config(p simPoint, pol sim.Policy) (sim.Config, float64, erro
 		return sim.Config{}, 0, fmt.Errorf("model %s: %w", p.model, err)
 	}
 	cfg.HostBlocks = int(p.hostGB * 1e9 / (kv * float64(o.blockTokens)))
+	switch p.routerSees {
+	case routerSeesAll:
+	case routerSeesHost:
+		cfg.RouterSeesHostOnly = true
+	default:
+		return sim.Config{}, 0, fmt.Errorf("--router-sees %q: want %s or %s", p.routerSees, routerSeesAll, routerSeesHost)
+	}
 	return cfg, kv, cfg.Validate()
 }
 
@@ -470,10 +490,19 @@ func printSimTable(w io.Writer, rows []simRow, requests int) {
 	for _, r := range rows {
 		in := float64(max(r.InputTokens, 1))
 		fmt.Fprintf(tw, "%s\t%g\t%g\t%d\t%s\t%.3f\t%.3f\t%.3f\t%.4f\t%.0f\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f\t%d\t%d\t\n",
-			r.Model, r.LinkGbps, r.TimeScale, r.Nodes, r.Policy, r.TTFTP50, r.TTFTP90, r.TTFTP99, r.TPOTMean, r.OutputTPS,
+			r.Model, r.LinkGbps, r.TimeScale, r.Nodes, policyLabel(r), r.TTFTP50, r.TTFTP90, r.TTFTP99, r.TPOTMean, r.OutputTPS,
 			100*float64(r.Computed)/in, 100*r.GPUHit, 100*r.HostHit, 100*r.PoolHit, r.NetworkBytes/1e9, r.Fetches, r.FetchesFailed)
 	}
 	tw.Flush()
+}
+
+// policyLabel names a row's policy, and says when its router saw only the
+// host tiers.
+func policyLabel(r simRow) string {
+	if r.RouterSees == routerSeesHost {
+		return r.Policy + " (host only)"
+	}
+	return r.Policy
 }
 
 // progress is the bar on stderr: requests simulated, over all runs.

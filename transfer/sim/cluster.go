@@ -272,7 +272,10 @@ func (c *cluster) route(j *job) {
 	case Affinity:
 		best := c.ties(func(i int) (float64, float64) {
 			e := &c.engines[i]
-			held := e.gpu.Held(j.chain)
+			held := 0
+			if !c.cfg.RouterSeesHostOnly {
+				held = e.gpu.Held(j.chain)
+			}
 			if e.host != nil {
 				held = max(held, e.host.Held(j.chain))
 			}
@@ -293,7 +296,7 @@ func (c *cluster) route(j *job) {
 		switch {
 		case pol == Oracle:
 			node.Blocks = c.globalPrefix(j.chain)
-		case !c.cfg.NoGPUCache:
+		case !c.cfg.NoGPUCache && !c.cfg.RouterSeesHostOnly:
 			node.Blocks = e.gpu.Held(j.chain)
 		}
 		req.Nodes = append(req.Nodes, node)

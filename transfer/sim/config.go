@@ -99,6 +99,12 @@ type Config struct {
 	// (they map kvpool's memory), so the simulator configured like a live
 	// cluster runs this way.
 	NoGPUCache bool
+	// RouterSeesHostOnly has the router know only the kvpool daemons'
+	// host tiers, not what the engines' GPU caches hold (kvpool without
+	// the engines' KV events): its plans count no GPU blocks, so a prefix
+	// that is only in some engine's GPU looks uncached. The engines still
+	// reuse what they hold.
+	RouterSeesHostOnly bool
 	// GPUPolicy and HostPolicy order the tiers' evictions. Default LRU.
 	GPUPolicy, HostPolicy eviction.Kind
 	// HostToGPUBytesPerSecond is the rate blocks load from the node's

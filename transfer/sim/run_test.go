@@ -364,3 +364,30 @@ func TestNoGPUCacheReusesFromTheHostTier(t *testing.T) {
 		t.Errorf("%v bytes loaded from the host tier, want 1.2e6", r.HostToGPUBytes)
 	}
 }
+
+// With no host tier, reuse lives in the engines' GPU caches alone: a
+// router that sees them sends every repeat of a prefix to the engine that
+// holds it; one that sees only the host tiers (kvpool without KV events)
+// finds every node equally cold, and its seed scatters the repeats.
+func TestRouterThatSeesOnlyTheHostTier(t *testing.T) {
+	var reqs []Request
+	for i := range 6 {
+		reqs = append(reqs, req(i, float64(10*i), 1, 0, 1, 2, 3, uint64(100+i)))
+	}
+	reused := map[bool]int{}
+	for seed := range uint64(10) {
+		for _, hostOnly := range []bool{false, true} {
+			cfg := testConfig(t, 4, Cost)
+			cfg.HostBlocks, cfg.Seed, cfg.RouterSeesHostOnly = 0, seed, hostOnly
+			r := run(t, cfg, reqs)
+			reused[hostOnly] += r.ReusedTokens
+			if !hostOnly && r.ReusedTokens != 5*400 {
+				t.Errorf("seed %d: a router that sees the GPU caches reused %d tokens; want every repeat's 400", seed, r.ReusedTokens)
+			}
+		}
+	}
+	if reused[true] >= reused[false] {
+		t.Errorf("over 10 seeds a host-only router reused %d tokens, one that sees the GPU caches %d; want fewer", reused[true], reused[false])
+	}
+	t.Logf("reused over 10 seeds: %d tokens seeing the GPU caches, %d seeing the host tier only", reused[false], reused[true])
+}

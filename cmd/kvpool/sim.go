@@ -245,7 +245,7 @@ func (o *simOptions) grid() ([]simPoint, error) {
 				case "seed":
 					q.seed, err = strconv.ParseUint(v, 10, 64)
 				case "router-sees":
-					q.routerSees = v
+					q.routerSees, err = v, checkRouterSees(v)
 				default:
 					err = errors.New("unknown parameter (want link-gbps, model, time-scale, nodes, host-gb, seed or router-sees)")
 				}
@@ -354,6 +354,9 @@ func (o *simOptions) setup() (*simSetup, []simPoint, error) {
 	}
 	if s.hostKind, err = eviction.ParseKind(o.hostPolicy); err != nil {
 		errs = append(errs, fmt.Errorf("--host-policy: %w", err))
+	}
+	if err := checkRouterSees(o.routerSees); err != nil {
+		errs = append(errs, fmt.Errorf("--router-sees: %w", err))
 	}
 	switch o.progress {
 	case "auto", "always", "never":
@@ -494,6 +497,13 @@ func printSimTable(w io.Writer, rows []simRow, requests int) {
 			100*float64(r.Computed)/in, 100*r.GPUHit, 100*r.HostHit, 100*r.PoolHit, r.NetworkBytes/1e9, r.Fetches, r.FetchesFailed)
 	}
 	tw.Flush()
+}
+
+func checkRouterSees(v string) error {
+	if v != routerSeesAll && v != routerSeesHost {
+		return fmt.Errorf("%q: want %s or %s", v, routerSeesAll, routerSeesHost)
+	}
+	return nil
 }
 
 // policyLabel names a row's policy, and says when its router saw only the

@@ -53,6 +53,14 @@ func TestSimCommand(t *testing.T) {
 	if rows[0]["model"] != "llama3-8b" || rows[0]["link_gbps"] != 10.0 || rows[7]["model"] != "llama3-70b" || rows[7]["policy"] != "pool" {
 		t.Errorf("grid order: first %v, last %v", rows[0], rows[7])
 	}
+	// What the router sees, compared in one run.
+	r2 := mustOK(t, kv(t, nil, "sim", "--trace", trace, "--nodes", "2", "--policies", "cost", "--host-gb", "0", "--sweep", "router-sees=gpu+host,host"))
+	if !strings.Contains(r2.stdout, "cost (host only)") || strings.Count(r2.stdout, "cost") != 2 {
+		t.Errorf("a router-sees sweep's table:\n%s", r2.stdout)
+	}
+	if rows[0]["router_sees"] != "gpu+host" {
+		t.Errorf("router_sees of the default run: %v", rows[0]["router_sees"])
+	}
 	// The same flags give the same numbers.
 	again := mustOK(t, kv(t, nil, "sim", "--trace", trace, "--nodes", "2", "--policies", "cost,pool", "--sweep", "link-gbps=10,100",
 		"--sweep", "model=llama3-8b,llama3-70b", "--json"))
@@ -87,6 +95,8 @@ func TestSimUsageErrors(t *testing.T) {
 		{[]string{"sim", "--trace", trace, "--sweep", "link-gbps=fast"}, "link-gbps=fast"},
 		{[]string{"sim", "--trace", trace, "--sweep", "nodes"}, "want NAME=V1,V2"},
 		{[]string{"sim", "--trace", trace, "--nodes", "0"}, "nodes 0"},
+		{[]string{"sim", "--trace", trace, "--router-sees", "everything"}, "--router-sees"},
+		{[]string{"sim", "--trace", trace, "--sweep", "router-sees=gpu,host"}, `router-sees=gpu: "gpu": want gpu+host or host`},
 		{[]string{"sim", "--trace", trace, "--host-gb", "0", "--policies", "pool"}, "needs host blocks"},
 		{[]string{"sim", "--trace", trace, "--gpu-policy", "random"}, "--gpu-policy"},
 		{[]string{"sim", "--trace", trace, "--weights-gb", "2000"}, "no room for KV"},

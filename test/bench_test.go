@@ -3,13 +3,19 @@ package test
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/metadata/engines"
+	"github.com/kvpool/kvpool/metadata/kvevents"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/test/cluster"
 )
@@ -114,4 +120,146 @@ func BenchmarkDaemonPlan(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "rpc-p50-µs")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "rpc-p99-µs")
 	}
+}
+
+// BenchmarkEngineEventLag offers a daemon its engine's KV events at rising
+// rates, in the steady state of a full cache (each 64-block BlockStored
+// batch followed by a BlockRemoved of the 64 oldest, so 128 block events
+// per batch and a constant 64k blocks held), for 5 s per rate, from a Go
+// PUB socket publishing as vLLM does. After each rate it measures the lag:
+// from the last batch's send until daemon 0's index applied it, and until
+// daemon 1's copy (over the WatchEngineCaches stream) holds its blocks.
+// It reports the highest rate each kept under 1 s of lag.
+//
+//	go test -run x -bench EngineEventLag -benchtime 1x -v ./test
+func BenchmarkEngineEventLag(b *testing.B) {
+	ep := freeEndpoint(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen(ep); err != nil {
+		b.Fatal(err)
+	}
+	c := cluster.New(b, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		if i == 0 {
+			pc.EngineEvents = []engines.EngineConfig{{Name: "engine", Endpoint: ep}}
+		}
+	}})
+	c.WaitNodes(2)
+	d0, d1 := c.Nodes[0].Node, c.Nodes[1].Node
+	const perBatch, held = 64, 64 << 10
+	var seq uint64
+	var next int64 // the next block hash
+	batch := func() ([][]byte, [][]byte) {
+		st := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, Medium: kvevents.MediumGPU, TokenIDs: make([]uint32, 16*perBatch)}
+		var keys [][]byte
+		for i := range perBatch {
+			h := kvevents.IntHash(next + int64(i))
+			st.Hashes = append(st.Hashes, h)
+			keys = append(keys, []byte(h))
+		}
+		evs := []kvevents.Event{st}
+		if next >= held {
+			rm := kvevents.Event{Kind: kvevents.Removed, Medium: kvevents.MediumGPU}
+			for i := range perBatch {
+				rm.Hashes = append(rm.Hashes, kvevents.IntHash(next-held+int64(i)))
+			}
+			evs = append(evs, rm)
+		}
+		next += perBatch
+		m := kvevents.Encode(kvevents.Message{Topic: "kv", Seq: seq, Batch: kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: -1, Events: evs}})
+		seq++
+		return m, keys
+	}
+	send := func(frames [][]byte) {
+		if err := pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	applied := func() int64 { return d0.EngineStats()[0].Messages }
+	peerHolds := func(keys [][]byte) bool {
+		ans, err := d1.Plan(pool.PlanQuery{Tenant: "acme", Namespace: "llama3-8b", Keys: keys, BlockTokens: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, np := range ans.Result.Nodes {
+			if np.Node == c.Nodes[0].ID {
+				return np.GPUBlocks == len(keys)
+			}
+		}
+		return false
+	}
+	// Fill the cache, and wait for both to hold it.
+	eventually.True(b, "the daemon hears its engine", 10*time.Second, func() bool {
+		m, _ := batch()
+		send(m)
+		return applied() > 0
+	})
+	var keys [][]byte
+	for next < held {
+		var m [][]byte
+		m, keys = batch()
+		send(m)
+	}
+	eventually.True(b, "daemon 1's copy holds the full cache", 60*time.Second, func() bool { return peerHolds(keys) })
+
+	for b.Loop() {
+		var ownBest, peerBest float64
+		for _, rate := range []float64{100e3, 200e3, 400e3, 600e3, 800e3, 1e6, 1.2e6, 1.6e6, 2e6} {
+			batches := int(rate * 5 / (2 * perBatch)) // 5 s; 128 block events per batch
+			base := applied()
+			t0 := time.Now()
+			var last [][]byte
+			for i := range batches {
+				// Pace: batch i is due at i / (rate / 128) seconds.
+				if due := t0.Add(time.Duration(float64(i) * 2 * perBatch / rate * float64(time.Second))); time.Until(due) > 0 {
+					time.Sleep(time.Until(due))
+				}
+				var m [][]byte
+				m, last = batch()
+				send(m)
+			}
+			sent := time.Now()
+			offered := float64(batches*2*perBatch) / sent.Sub(t0).Seconds()
+			var ownLag, peerLag time.Duration
+			ok := eventually.Within(30*time.Second, func() bool {
+				if ownLag == 0 && applied()-base >= int64(batches) {
+					ownLag = time.Since(sent)
+				}
+				if peerLag == 0 && peerHolds(last) {
+					peerLag = time.Since(sent)
+				}
+				return ownLag > 0 && peerLag > 0
+			})
+			s := d0.EngineStats()[0]
+			events := float64(batches * 2 * perBatch)
+			b.Logf("offered %.0f block events/s (asked %.0f) for %v: lag into daemon 0 %v (applied %.0f/s), into daemon 1's copy %v (%.0f/s); gaps %d, lost %d",
+				offered, rate, sent.Sub(t0).Round(time.Millisecond), ownLag, events/(sent.Sub(t0)+ownLag).Seconds(), peerLag, events/(sent.Sub(t0)+peerLag).Seconds(), s.Gaps, s.Lost)
+			if !ok {
+				break
+			}
+			if ownLag < time.Second {
+				ownBest = max(ownBest, offered)
+			}
+			if peerLag < time.Second {
+				peerBest = max(peerBest, offered)
+			}
+			if ownLag >= time.Second && peerLag >= time.Second {
+				break
+			}
+		}
+		b.ReportMetric(ownBest, "daemon-events/s@<1s-lag")
+		b.ReportMetric(peerBest, "peer-events/s@<1s-lag")
+	}
+}
+
+func freeEndpoint(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "tcp://" + l.Addr().String()
 }

@@ -2,7 +2,6 @@ package engines
 
 import (
 	"context"
-	"encoding/binary"
 	"net"
 	"runtime"
 	"sync"
@@ -25,27 +24,17 @@ func freeEndpoint(t testing.TB) string {
 	return "tcp://" + l.Addr().String()
 }
 
-// stored encodes one message of a BlockStored of n 16-token blocks with
-// hashes from first on, as vLLM's array_like msgspec does.
+// stored is one message of a BlockStored of n 16-token blocks with
+// hashes from first on, as vLLM publishes it.
 func stored(seq uint64, first int64, n int) [][]byte {
-	var b []byte
-	b = append(b, 0x93, 0xcb)
-	b = binary.BigEndian.AppendUint64(b, 0x41d9d2e9c0100000) // a ts
-	b = append(b, 0x91, 0x97, 0xab)
-	b = append(b, "BlockStored"...)
-	b = append(b, 0xdc)
-	b = binary.BigEndian.AppendUint16(b, uint16(n))
+	ev := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, Medium: kvevents.MediumGPU, TokenIDs: make([]uint32, 16*n)}
 	for i := range n {
-		b = append(b, 0xd3)
-		b = binary.BigEndian.AppendUint64(b, uint64(first+int64(i)))
+		ev.Hashes = append(ev.Hashes, kvevents.IntHash(first+int64(i)))
 	}
-	b = append(b, 0xc0, 0xdc)
-	b = binary.BigEndian.AppendUint16(b, uint16(16*n))
-	for i := range 16 * n {
-		b = append(b, byte(i%100))
+	for i := range ev.TokenIDs {
+		ev.TokenIDs[i] = uint32(i % 100)
 	}
-	b = append(b, 0x10, 0xc0, 0xa3, 'G', 'P', 'U', 0x00)
-	return [][]byte{[]byte("kv"), binary.BigEndian.AppendUint64(nil, seq), b}
+	return kvevents.Encode(kvevents.Message{Topic: "kv", Seq: seq, Batch: kvevents.Batch{TS: 1.7e9, DPRank: -1, Events: []kvevents.Event{ev}}})
 }
 
 func TestStoredHelperDecodes(t *testing.T) {
@@ -136,22 +125,13 @@ func TestMemoryPerBlock(t *testing.T) {
 	runtime.KeepAlive(msgs)
 }
 
-// removed encodes one message of a BlockRemoved of n hashes from first on
-// (array_like, as stored does).
+// removed is one message of a BlockRemoved of n hashes from first on.
 func removed(seq uint64, first int64, n int) [][]byte {
-	var b []byte
-	b = append(b, 0x92, 0xcb)
-	b = binary.BigEndian.AppendUint64(b, 0x41d9d2e9c0100000)
-	b = append(b, 0x91, 0x93, 0xac)
-	b = append(b, "BlockRemoved"...)
-	b = append(b, 0xdc)
-	b = binary.BigEndian.AppendUint16(b, uint16(n))
+	ev := kvevents.Event{Kind: kvevents.Removed, Medium: kvevents.MediumGPU}
 	for i := range n {
-		b = append(b, 0xd3)
-		b = binary.BigEndian.AppendUint64(b, uint64(first+int64(i)))
+		ev.Hashes = append(ev.Hashes, kvevents.IntHash(first+int64(i)))
 	}
-	b = append(b, 0xa3, 'G', 'P', 'U')
-	return [][]byte{[]byte("kv"), binary.BigEndian.AppendUint64(nil, seq), b}
+	return kvevents.Encode(kvevents.Message{Topic: "kv", Seq: seq, Batch: kvevents.Batch{TS: 1.7e9, DPRank: -1, Events: []kvevents.Event{ev}}})
 }
 
 func hashKeys(first int64, n int) [][]byte {

@@ -182,9 +182,12 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 			// free, its host tier loads at its own host-to-GPU rate.
 			if gpu, followed := p.peerGPU.Prefix(ni.rec.ID, q.Tenant, q.Namespace, q.Keys); followed {
 				node.GPUBlocks = gpu
-				node.HostToGPUBytesPerSecond = ni.rec.HostToGPUBytesPerSecond
-				if node.HostToGPUBytesPerSecond == 0 {
-					node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+				// A record without a usable rate (an older node, a bad
+				// one) is priced at this node's: one peer's record must
+				// not fail every plan.
+				node.HostToGPUBytesPerSecond = cfg.HostToGPUBytesPerSecond
+				if r := ni.rec.HostToGPUBytesPerSecond; r > 0 && !math.IsInf(r, 0) {
+					node.HostToGPUBytesPerSecond = r
 				}
 			}
 		}

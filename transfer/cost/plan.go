@@ -17,6 +17,17 @@ type Link struct {
 	BytesPerSecond float64
 	// RTT is paid once per fetch.
 	RTT time.Duration
+	// Fixed is what else one fetch costs whatever its size (the call,
+	// the pins, reserve, commit, publish), and PerBlock what each block
+	// it moves adds beyond its bytes: measured per link from real
+	// fetches (transfer.Links). A fetch of n blocks of b bytes takes
+	// RTT + Fixed + n·PerBlock + n·b / BytesPerSecond.
+	Fixed, PerBlock time.Duration
+}
+
+// overhead is what a fetch of n blocks over l costs beyond its bytes.
+func (l Link) overhead(n int) float64 {
+	return l.RTT.Seconds() + l.Fixed.Seconds() + float64(n)*l.PerBlock.Seconds()
 }
 
 // Node is one node of the cluster as the planner sees it.
@@ -279,7 +290,6 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 		if !(l.BytesPerSecond > 0) {
 			continue
 		}
-		rtt := l.RTT.Seconds()
 		// Fetched blocks land in host memory and cross to the GPU as they
 		// arrive: a node whose host-to-GPU rate is known moves them at the
 		// slower of the two.
@@ -291,7 +301,7 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 			if k >= p {
 				return 0
 			}
-			return rtt + float64(p-k)*B*r.KVBytesPerToken/bw
+			return l.overhead(p-k) + float64(p-k)*B*r.KVBytesPerToken/bw
 		}
 		remainder := pn - P(p)
 		cand := np
@@ -300,7 +310,7 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 		cand.Transfer = seconds(load(h))
 		cand.Remainder = seconds(remainder)
 		cand.FetchTotal = a + seconds(load(h)+remainder)
-		if head := P(p) - P(h) - rtt; head > 0 {
+		if head := P(p) - P(h) - l.overhead(p-h); head > 0 {
 			cand.BreakevenBytesPerSecond = cand.FetchBytes / head
 		} else {
 			cand.BreakevenBytesPerSecond = math.Inf(1)

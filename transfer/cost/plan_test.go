@@ -48,7 +48,7 @@ func TestPlanExact(t *testing.T) {
 			}, links{"s>a": {BytesPerSecond: 1e6, RTT: 10 * time.Millisecond}}),
 			want: []NodePlan{
 				{
-					Node: "a", PoolBlocks: 10, Source: "s", Link: Link{1e6, 10 * time.Millisecond},
+					Node: "a", PoolBlocks: 10, Source: "s", Link: Link{BytesPerSecond: 1e6, RTT: 10 * time.Millisecond},
 					FetchBytes: 1e6, Transfer: ms(1010), Recompute: ms(1000), Remainder: 0,
 					RecomputeTotal: ms(1000), FetchTotal: ms(1010), SplitBlocks: 5, SplitTotal: ms(510),
 					Plan: Split, Total: ms(510), BreakevenBytesPerSecond: 1e6 / 0.99,
@@ -74,6 +74,24 @@ func TestPlanExact(t *testing.T) {
 				FetchBytes: 6e5, Transfer: ms(150), Recompute: ms(600),
 				RecomputeTotal: ms(600), FetchTotal: ms(150), SplitBlocks: 5, SplitTotal: ms(125),
 				Plan: Split, Total: ms(125), BreakevenBytesPerSecond: 1e6,
+			}},
+		},
+		{
+			// A fetch's fixed cost (20 ms) and per-block cost (5 ms)
+			// count with its bytes: the 6 blocks take 20 + 30 + 150 ms;
+			// the split at k=5 computes 100 ms while 20 + 5·5 + 125 ms
+			// load; the break-even leaves the 50 ms of overhead out of
+			// the head's 600 ms.
+			name: "fixed and per-block costs",
+			req: base([]Node{
+				{ID: "a", Candidate: true, Prefill: c, Blocks: 4},
+				{ID: "s", Blocks: 10},
+			}, links{"s>a": {BytesPerSecond: 4e6, Fixed: 20 * time.Millisecond, PerBlock: 5 * time.Millisecond}}),
+			want: []NodePlan{{
+				Node: "a", LocalBlocks: 4, PoolBlocks: 10, Source: "s", Link: Link{BytesPerSecond: 4e6, Fixed: 20 * time.Millisecond, PerBlock: 5 * time.Millisecond},
+				FetchBytes: 6e5, Transfer: ms(200), Recompute: ms(600),
+				RecomputeTotal: ms(600), FetchTotal: ms(200), SplitBlocks: 5, SplitTotal: ms(170),
+				Plan: Split, Total: ms(170), BreakevenBytesPerSecond: 6e5 / 0.55,
 			}},
 		},
 		{
@@ -142,7 +160,7 @@ func TestPlanExact(t *testing.T) {
 				{ID: "s", Blocks: 10},
 			}, links{"s>a": {BytesPerSecond: 1e7, RTT: 250 * time.Millisecond}}),
 			want: []NodePlan{{
-				Node: "a", LocalBlocks: 8, PoolBlocks: 10, Source: "s", Link: Link{1e7, 250 * time.Millisecond},
+				Node: "a", LocalBlocks: 8, PoolBlocks: 10, Source: "s", Link: Link{BytesPerSecond: 1e7, RTT: 250 * time.Millisecond},
 				FetchBytes: 2e5, Transfer: ms(270), Recompute: ms(200),
 				RecomputeTotal: ms(200), FetchTotal: ms(270), SplitBlocks: 10, SplitTotal: ms(200),
 				Plan: Recompute, Total: ms(200), BreakevenBytesPerSecond: math.Inf(1),

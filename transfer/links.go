@@ -33,6 +33,17 @@ type LinkConfig struct {
 	// Seeds overrides the seed per peer (from the config file: a link
 	// known to be slower or faster than the default).
 	Seeds map[string]Seed
+	// SeedFixed is what a fetch costs beyond its round trip and its
+	// bytes before any fetch was measured (the call, pins, reserve,
+	// commit, publish).
+	// Default 530 µs: the intercept of `kvpool node bench --remote`'s
+	// p50 per Fetch against its bytes, over chains of 4, 16 and 64
+	// 2-MiB blocks, on a 2-vCPU machine. Negative: 0. A link left idle
+	// decays toward the seeds as its bandwidth does.
+	SeedFixed time.Duration
+	// SeedPerBlock is what each block of a fetch adds beyond its bytes,
+	// before anything was measured. Default 0.
+	SeedPerBlock time.Duration
 }
 
 // Seed is a link's assumed bandwidth and round trip.
@@ -60,6 +71,10 @@ func (c *LinkConfig) fill() {
 	if c.MinSampleBytes <= 0 {
 		c.MinSampleBytes = 256 << 10
 	}
+	if c.SeedFixed == 0 {
+		c.SeedFixed = 530 * time.Microsecond
+	}
+	c.SeedFixed, c.SeedPerBlock = max(c.SeedFixed, 0), max(c.SeedPerBlock, 0)
 }
 
 // Links keeps a bandwidth and latency estimate per peer, from real
@@ -79,6 +94,139 @@ type link struct {
 	bwSamples  int64
 	rttSamples int64
 	bytes      int64
+	fit        fetchFit
+}
+
+// fetchFit models a whole fetch from the link as
+//
+//	d = rtt + fixed + perBlock·blocks + perByte·bytes
+//
+// by least squares of the relative error over the last fitWindow
+// fetches (a 1-block fetch counts as much as a 64-block one), regularized toward a prior with the weight of a quarter of a
+// fetch: the seeds for fixed and perBlock, the link's streaming bandwidth
+// for perByte. With blocks of one size, blocks and bytes say the same, and
+// the prior splits the cost between them; the prediction is as good. No
+// term goes negative: one that would is held at 0 and the others refitted.
+// The round trip is subtracted with its estimate at fit time, so a fit
+// always agrees with the round trip it is added to.
+type fetchFit struct {
+	seed    [2]float64 // fixed, perBlock, seconds
+	obs     [fitWindow][3]float64
+	n, next int
+	samples int64
+}
+
+// fitWindow is how many recent fetches the fit weighs.
+const fitWindow = 32
+
+// fitScale puts the fit's three terms on one scale: a fetch of 16 blocks
+// of 2 MiB.
+var fitScale = [3]float64{1, 16, 32 << 20}
+
+func newFit(fixed, perBlock time.Duration) fetchFit {
+	return fetchFit{seed: [2]float64{fixed.Seconds(), perBlock.Seconds()}}
+}
+
+// observe adds one fetch of blocks blocks and n bytes that took d seconds
+// in all.
+func (f *fetchFit) observe(blocks int, n int64, d float64) {
+	f.obs[f.next] = [3]float64{float64(blocks), float64(n), d}
+	f.next = (f.next + 1) % fitWindow
+	f.n = min(f.n+1, fitWindow)
+	f.samples++
+}
+
+// solve returns (fixed, perBlock, perByte) given the link's round trip and
+// streaming bandwidth now.
+func (f *fetchFit) solve(rtt, bw float64) [3]float64 {
+	prior := [3]float64{f.seed[0], f.seed[1], 1 / bw}
+	if f.n == 0 {
+		return prior
+	}
+	free := [3]bool{true, true, true}
+	for {
+		theta := f.fit(rtt, prior, free)
+		worst := -1
+		for i, v := range theta {
+			if free[i] && v < 0 && (worst < 0 || v < theta[worst]) {
+				worst = i
+			}
+		}
+		if worst < 0 {
+			return theta
+		}
+		free[worst] = false // held at 0, then refit
+	}
+}
+
+// fit solves the weighted, regularized normal equations for the free
+// terms, the others held at 0. Terms are scaled by fitScale so the
+// regularization weighs each alike.
+func (f *fetchFit) fit(rtt float64, prior [3]float64, free [3]bool) [3]float64 {
+	// Errors count relative to each fetch's duration, so short fetches
+	// weigh as much as long ones; the prior's, relative to the duration
+	// of the fitScale fetch it predicts.
+	const w = 0.25
+	ref := prior[0] + fitScale[1]*prior[1] + fitScale[2]*prior[2]
+	var m [3][3]float64
+	var r [3]float64
+	for i := range 3 {
+		m[i][i] = w / (ref * ref)
+		r[i] = w * prior[i] * fitScale[i] / (ref * ref)
+	}
+	for k := range f.n {
+		o := f.obs[k]
+		x := [3]float64{1 / fitScale[0], o[0] / fitScale[1], o[1] / fitScale[2]}
+		y := o[2] - rtt
+		wk := 1 / max(o[2]*o[2], 1e-12)
+		for i := range 3 {
+			for j := range 3 {
+				m[i][j] += wk * x[i] * x[j]
+			}
+			r[i] += wk * x[i] * y
+		}
+	}
+	for i := range 3 {
+		if !free[i] {
+			for j := range 3 {
+				m[i][j], m[j][i] = 0, 0
+			}
+			m[i][i], r[i] = 1, 0
+		}
+	}
+	z := solve3(m, r)
+	return [3]float64{z[0] / fitScale[0], z[1] / fitScale[1], z[2] / fitScale[2]}
+}
+
+// solve3 solves m·z = r by Gaussian elimination with partial pivoting; m
+// is symmetric positive definite here (the regularization sees to it).
+func solve3(m [3][3]float64, r [3]float64) [3]float64 {
+	for c := range 3 {
+		p := c
+		for i := c + 1; i < 3; i++ {
+			if math.Abs(m[i][c]) > math.Abs(m[p][c]) {
+				p = i
+			}
+		}
+		m[c], m[p] = m[p], m[c]
+		r[c], r[p] = r[p], r[c]
+		for i := c + 1; i < 3; i++ {
+			f := m[i][c] / m[c][c]
+			for j := c; j < 3; j++ {
+				m[i][j] -= f * m[c][j]
+			}
+			r[i] -= f * r[c]
+		}
+	}
+	var z [3]float64
+	for i := 2; i >= 0; i-- {
+		v := r[i]
+		for j := i + 1; j < 3; j++ {
+			v -= m[i][j] * z[j]
+		}
+		z[i] = v / m[i][i]
+	}
+	return z
 }
 
 // NewLinks returns an empty set of estimates.
@@ -97,7 +245,7 @@ func (l *Links) get(peer string) *link {
 		if s.RTT <= 0 {
 			s.RTT = l.cfg.SeedRTT
 		}
-		k = &link{seed: s, bw: s.BytesPerSecond, rtt: s.RTT.Seconds()}
+		k = &link{seed: s, bw: s.BytesPerSecond, rtt: s.RTT.Seconds(), fit: newFit(l.cfg.SeedFixed, l.cfg.SeedPerBlock)}
 		l.links[peer] = k
 	}
 	return k
@@ -180,6 +328,25 @@ func (l *Links) record(peer string, n int64, now time.Time, rtt float64, bandwid
 	}
 }
 
+// ObserveFetch records a whole fetch from peer of blocks blocks and n
+// bytes that took d (the call, pins, reserve, the transfer, checksums and
+// commits) and finished at now, for the fit of what fetches over the link
+// cost (Estimate's Fixed, PerBlock and FetchBytesPerSecond).
+func (l *Links) ObserveFetch(peer string, blocks int, n int64, d time.Duration, now time.Time) {
+	if d <= 0 || blocks <= 0 || n < 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.get(peer)
+	// One fetch stalled far beyond the model (a GC pause, a preempted
+	// peer) counts as at most ten times what the fit predicts.
+	bw, rtt := l.current(k, now)
+	t := k.fit.solve(rtt, bw)
+	limit := 10 * (rtt + t[0] + float64(blocks)*t[1] + float64(n)*t[2] + 1e-3)
+	k.fit.observe(blocks, n, min(d.Seconds(), limit))
+}
+
 // Estimate is what Links knows of one link.
 type Estimate struct {
 	Peer           string
@@ -192,6 +359,14 @@ type Estimate struct {
 	Bytes      int64
 	// Updated is the last measurement's time (zero if none).
 	Updated time.Time
+	// Fixed and PerBlock are what one fetch costs beyond its round trip
+	// and bytes, and what each block adds, and FetchBytesPerSecond the
+	// rate whole fetches moved bytes at: the fit of the last fetches
+	// (ObserveFetch), the seeds and BytesPerSecond before any. FitSamples
+	// is how many fetches the fit saw.
+	Fixed, PerBlock     time.Duration
+	FetchBytesPerSecond float64
+	FitSamples          int64
 }
 
 // Estimate returns peer's estimate as of now.
@@ -200,8 +375,19 @@ func (l *Links) Estimate(peer string, now time.Time) Estimate {
 	defer l.mu.Unlock()
 	k := l.get(peer)
 	bw, rtt := l.current(k, now)
+	t := k.fit.solve(rtt, bw)
+	fixed, perBlock, fetchBW := t[0], t[1], 1/t[2]
+	if idle := now.Sub(k.updated) - l.cfg.DecayAfter; !k.updated.IsZero() && idle > 0 {
+		// Idle: back toward the seeds, as the bandwidth goes.
+		f := math.Exp2(-float64(idle) / float64(l.cfg.HalfLife))
+		fixed = l.cfg.SeedFixed.Seconds() + (fixed-l.cfg.SeedFixed.Seconds())*f
+		perBlock = l.cfg.SeedPerBlock.Seconds() + (perBlock-l.cfg.SeedPerBlock.Seconds())*f
+		fetchBW = bw + (fetchBW-bw)*f
+	}
 	return Estimate{Peer: peer, BytesPerSecond: bw, RTT: time.Duration(rtt * float64(time.Second)),
-		Samples: k.bwSamples, RTTSamples: k.rttSamples, Bytes: k.bytes, Updated: k.updated}
+		Samples: k.bwSamples, RTTSamples: k.rttSamples, Bytes: k.bytes, Updated: k.updated,
+		Fixed: time.Duration(fixed * float64(time.Second)), PerBlock: time.Duration(perBlock * float64(time.Second)),
+		FetchBytesPerSecond: fetchBW, FitSamples: k.fit.samples}
 }
 
 // All returns every known link's estimate, by peer.
@@ -220,10 +406,21 @@ func (l *Links) All(now time.Time) []Estimate {
 	return out
 }
 
-// FetchTime is the estimated time to move n bytes from peer: one round
-// trip plus n at the link's bandwidth.
-func (e Estimate) FetchTime(n int64) time.Duration {
-	return e.RTT + time.Duration(float64(n)/e.BytesPerSecond*float64(time.Second))
+// FetchTime is the estimated time to fetch blocks blocks of n bytes in
+// all from peer: one round trip, the fixed and per-block costs, and n at
+// the rate fetches move bytes (BytesPerSecond when that is unset).
+func (e Estimate) FetchTime(n int64, blocks int) time.Duration {
+	bw := e.FetchBytesPerSecond
+	if !(bw > 0) {
+		bw = e.BytesPerSecond
+	}
+	return e.RTT + e.Fixed + time.Duration(blocks)*e.PerBlock + time.Duration(float64(n)/bw*float64(time.Second))
+}
+
+// SeedCosts are a fetch's fixed and per-block costs before any fetch was
+// measured.
+func (l *Links) SeedCosts() (fixed, perBlock time.Duration) {
+	return l.cfg.SeedFixed, l.cfg.SeedPerBlock
 }
 
 // Seed is what a link to peer is assumed to be before it is measured:

@@ -68,8 +68,12 @@ func TestLinksExactNumbers(t *testing.T) {
 	}
 	// Fetch time: one round trip plus bytes at the bandwidth.
 	e = Estimate{BytesPerSecond: 1e9, RTT: time.Millisecond}
-	if got := e.FetchTime(5e6); got != 6*time.Millisecond {
+	if got := e.FetchTime(5e6, 4); got != 6*time.Millisecond {
 		t.Fatalf("fetch time %v, want 6ms", got)
+	}
+	e.Fixed, e.PerBlock = 500*time.Microsecond, 100*time.Microsecond
+	if got := e.FetchTime(5e6, 4); got != 6900*time.Microsecond {
+		t.Fatalf("fetch time with fixed and per-block costs %v, want 6.9ms", got)
 	}
 	if all := l.All(t0); len(all) != 5 || all[0].Peer != "a" || all[4].Peer != "slow" {
 		t.Fatalf("all: %+v", all)
@@ -100,5 +104,94 @@ func TestLinksSlowLinkInUseKeepsItsRate(t *testing.T) {
 	}
 	if got := l.Estimate("p", now.Add(time.Second)).BytesPerSecond; math.Abs(got-50e6)/50e6 > 0.01 {
 		t.Fatalf("estimate %v after 24 samples of 50 MB/s a second apart, want within 1%%", got)
+	}
+}
+
+// The fit of what fetches cost recovers the fixed and per-block costs and
+// the rate from whole fetches of mixed chain lengths and block sizes; with
+// one block size it predicts as well (the prior splits the collinear
+// terms); with one chain length too; a stalled fetch moves it a bounded
+// step; an idle link's fit decays to the seed.
+func TestLinksFitFixedAndPerBlockCosts(t *testing.T) {
+	const bw, rtt = 2e9, 100 * time.Microsecond
+	const fixed, perBlock = 400 * time.Microsecond, 30 * time.Microsecond
+	fetch := func(blocks int, blockBytes int64) (int64, time.Duration) {
+		n := int64(blocks) * blockBytes
+		return n, rtt + fixed + time.Duration(blocks)*perBlock + time.Duration(float64(n)/bw*1e9)
+	}
+	t0 := time.Unix(1000, 0)
+	newLinks := func() *Links {
+		// A stream estimate 10 % off: the fit finds the rate fetches run at.
+		return NewLinks(LinkConfig{Seeds: map[string]Seed{"a": {BytesPerSecond: 0.9 * bw, RTT: rtt}}})
+	}
+	l := newLinks()
+	if e := l.Estimate("a", t0); e.Fixed != 530*time.Microsecond || e.PerBlock != 0 || e.FitSamples != 0 || e.FetchBytesPerSecond != 0.9*bw {
+		t.Fatalf("seed: %+v", e)
+	}
+	check := func(what string, e Estimate, sizes []int64) {
+		t.Helper()
+		for _, blocks := range []int{1, 4, 16, 64} {
+			for _, size := range sizes {
+				n, d := fetch(blocks, size)
+				if got := e.FetchTime(n, blocks); math.Abs(float64(got-d)) > 0.01*float64(d) {
+					t.Errorf("%s: %d blocks of %d bytes: predicted %v, took %v", what, blocks, size, got, d)
+				}
+			}
+		}
+	}
+	sizes := []int64{1 << 20, 4 << 20}
+	for i := range 64 {
+		blocks := []int{1, 4, 16, 64}[i%4]
+		n, d := fetch(blocks, sizes[i/4%2])
+		l.ObserveFetch("a", blocks, n, d, t0)
+	}
+	e := l.Estimate("a", t0)
+	if math.Abs(float64(e.Fixed-fixed)) > float64(5*time.Microsecond) || math.Abs(float64(e.PerBlock-perBlock)) > float64(3*time.Microsecond) ||
+		math.Abs(e.FetchBytesPerSecond-bw) > 0.01*bw {
+		t.Fatalf("fit over mixed chains and sizes: fixed %v, per block %v, %.3g B/s; want %v, %v, %.3g", e.Fixed, e.PerBlock, e.FetchBytesPerSecond, fixed, perBlock, bw)
+	}
+	check("mixed sizes", e, sizes)
+
+	// One block size: per-block and per-byte costs are one term.
+	l = newLinks()
+	for i := range 64 {
+		blocks := []int{1, 4, 16, 64}[i%4]
+		n, d := fetch(blocks, 2<<20)
+		l.ObserveFetch("a", blocks, n, d, t0)
+	}
+	if e := l.Estimate("a", t0); math.Abs(float64(e.Fixed-fixed)) > float64(10*time.Microsecond) {
+		t.Fatalf("fit over mixed chains: fixed %v, want %v", e.Fixed, fixed)
+	}
+	check("2 MiB blocks", l.Estimate("a", t0), []int64{2 << 20})
+
+	// One chain length: the prediction for it is right.
+	l = newLinks()
+	for range 100 {
+		n, d := fetch(16, 2<<20)
+		l.ObserveFetch("a", 16, n, d, t0)
+	}
+	n, d := fetch(16, 2<<20)
+	if got := l.Estimate("a", t0).FetchTime(n, 16); math.Abs(float64(got-d)) > 0.01*float64(d) {
+		t.Fatalf("one chain length: predicted %v, took %v", got, d)
+	}
+
+	// A fetch that stalled for a second moves the fit a bounded step.
+	before := l.Estimate("a", t0).FetchTime(n, 16)
+	l.ObserveFetch("a", 16, n, d+time.Second, t0)
+	if jump := l.Estimate("a", t0).FetchTime(n, 16) - before; jump <= 0 || jump > 15*time.Millisecond {
+		t.Fatalf("a stalled fetch moved the prediction by %v", jump)
+	}
+
+	// Idle past DecayAfter and a half-life: halfway back to the seed.
+	l = newLinks()
+	l.Observe("a", 0, rtt, t0) // a round-trip sample dates the link
+	for range 100 {
+		n, d := fetch(4, 2<<20)
+		l.ObserveFetch("a", 4, n, d, t0)
+	}
+	fit := l.Estimate("a", t0).Fixed
+	half := l.Estimate("a", t0.Add(90*time.Second)).Fixed
+	if want := (fit + 530*time.Microsecond) / 2; math.Abs(float64(half-want)) > float64(time.Microsecond) {
+		t.Fatalf("fixed cost after a half-life idle: %v, want %v (fit %v)", half, want, fit)
 	}
 }

@@ -228,6 +228,9 @@ type FetchResult struct {
 	Source string
 	Size   int64
 	Err    error
+	// Took is how long the node spent on the fetch that brought the
+	// block, from the call to its commit (0 if it was local).
+	Took time.Duration
 }
 
 // Fetch asks the node to make the blocks under keys local, pulling each
@@ -241,7 +244,8 @@ func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]b
 	}
 	out := make([]FetchResult, len(resp.GetResults()))
 	for i, r := range resp.GetResults() {
-		out[i] = FetchResult{Source: r.GetSourceNode(), Size: int64(r.GetSizeBytes()), Err: FromCode(codes.Code(r.GetStatus().GetCode()), r.GetStatus().GetMessage())}
+		out[i] = FetchResult{Source: r.GetSourceNode(), Size: int64(r.GetSizeBytes()), Err: FromCode(codes.Code(r.GetStatus().GetCode()), r.GetStatus().GetMessage()),
+			Took: time.Duration(r.GetFetchSeconds() * float64(time.Second))}
 	}
 	return out, nil
 }

@@ -29,6 +29,15 @@ type LinkRecord struct {
 	// Samples is how many transfers the estimate is built from; 0 means
 	// it is still the configured seed, not a measurement. ≥ 0.
 	Samples int64 `json:"samples"`
+	// FixedMicros is what one fetch over the link costs beyond its round
+	// trip and bytes, and PerBlockMicros what each block adds, in
+	// microseconds (fractions kept). Finite and ≥ 0.
+	FixedMicros    float64 `json:"fixed_us,omitempty"`
+	PerBlockMicros float64 `json:"per_block_us,omitempty"`
+	// FetchBytesPerSecond is the rate whole fetches moved bytes at (the
+	// same fit); 0: not published (an older node), use BytesPerSecond.
+	// Finite and ≥ 0.
+	FetchBytesPerSecond float64 `json:"fetch_bps,omitempty"`
 }
 
 // NodeLinks is what <prefix>links/<node> holds: every link the node
@@ -56,6 +65,11 @@ func (r *LinkRecord) validate() error {
 	}
 	if r.Samples < 0 {
 		errs = append(errs, fmt.Errorf("peer %q: %d samples: want ≥ 0", r.Peer, r.Samples))
+	}
+	for _, v := range []float64{r.FixedMicros, r.PerBlockMicros, r.FetchBytesPerSecond} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			errs = append(errs, fmt.Errorf("peer %q: fixed cost, per-block cost or fetch rate %v: want finite and ≥ 0", r.Peer, v))
+		}
 	}
 	return errors.Join(errs...)
 }

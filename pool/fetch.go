@@ -99,6 +99,7 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	if timeout <= 0 {
 		timeout = f.timeout
 	}
+	begin := time.Now()
 	exists, err := f.store.Exists([]byte(tenant), []byte(namespace), keys)
 	if err != nil {
 		return nil, err
@@ -123,7 +124,7 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	}
 	api.PullFromHolders(ctx, holders, errs, func(h metadata.NodeRecord) string { return h.ID },
 		func(ctx context.Context, h metadata.NodeRecord, items []int) []error {
-			return f.pullFrom(ctx, h, tenant, namespace, keys, items, timeout, out)
+			return f.pullFrom(ctx, h, tenant, namespace, keys, items, timeout, begin, out)
 		})
 	for i := range out {
 		out[i].Err = errs[i]
@@ -157,7 +158,9 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 
 // pullFrom fetches keys[items...] from one holder, recording each result
 // in out and returning each item's error.
-func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, out []api.FetchResult) []error {
+// begin is when the Fetch began: the link's fit of a fetch's fixed cost
+// counts what came before the pull too.
+func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) []error {
 	errs := make([]error, len(items))
 	fail := func(err error) []error {
 		for k := range errs {
@@ -240,6 +243,16 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 		end := time.Now()
 		first, firstBytes := batch.FirstResponse()
 		f.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
+		if werr == nil {
+			// The whole fetch, from the call to the commits, fits the
+			// link's fixed and per-block costs.
+			f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin), end)
+		}
+		for _, i := range items {
+			if out[i].Source == holder.ID {
+				out[i].Took = end.Sub(begin)
+			}
+		}
 		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
 			"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))
 	}

@@ -429,7 +429,7 @@ func (s *kvService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*kvp
 	}
 	out := &kvpoolv1.FetchResponse{Results: make([]*kvpoolv1.FetchResult, len(res))}
 	for i, r := range res {
-		out.Results[i] = &kvpoolv1.FetchResult{SourceNode: r.Source, Status: itemStatus(r.Err), SizeBytes: uint64(r.Size)}
+		out.Results[i] = &kvpoolv1.FetchResult{SourceNode: r.Source, Status: itemStatus(r.Err), SizeBytes: uint64(r.Size), FetchSeconds: r.Took.Seconds()}
 		out.FetchedBytes += uint64(r.Size)
 	}
 	return out, nil

@@ -256,13 +256,23 @@ func (p *planner) link(from, to string, now time.Time, whatIf float64) (cost.Lin
 	measured := false
 	if to == p.self {
 		e := p.links.Estimate(from, now)
-		l, measured = cost.Link{BytesPerSecond: e.BytesPerSecond, RTT: e.RTT}, e.Samples > 0
+		// Plans price fetches as fetches ran: the fit's rate and costs.
+		l, measured = cost.Link{BytesPerSecond: e.FetchBytesPerSecond, RTT: e.RTT, Fixed: e.Fixed, PerBlock: e.PerBlock}, e.Samples > 0
 	} else if rec, ok := p.publishedLink(from, to); ok {
-		l = cost.Link{BytesPerSecond: rec.BytesPerSecond, RTT: time.Duration(rec.RTTMicros) * time.Microsecond}
+		l = cost.Link{BytesPerSecond: rec.BytesPerSecond, RTT: time.Duration(rec.RTTMicros) * time.Microsecond,
+			Fixed: time.Duration(rec.FixedMicros * 1e3), PerBlock: time.Duration(rec.PerBlockMicros * 1e3)}
 		measured = rec.Samples > 0
+		if rec.FetchBytesPerSecond > 0 {
+			l.BytesPerSecond = rec.FetchBytesPerSecond
+		}
+		if rec.FixedMicros == 0 && rec.PerBlockMicros == 0 {
+			// An older node's record: the seed's fetch costs.
+			l.Fixed, l.PerBlock = p.links.SeedCosts()
+		}
 	} else {
 		s := p.links.Seed("")
 		l = cost.Link{BytesPerSecond: s.BytesPerSecond, RTT: s.RTT}
+		l.Fixed, l.PerBlock = p.links.SeedCosts()
 	}
 	if whatIf > 0 {
 		l.BytesPerSecond, measured = whatIf, false

@@ -202,6 +202,12 @@ type Link struct {
 	// IdleSeconds is how long since the estimate last moved; negative when
 	// the link was never measured and the figures are the seed.
 	IdleSeconds float64 `json:"idle_seconds"`
+	// FixedSeconds is what one fetch costs beyond its round trip and
+	// bytes, PerBlockSeconds what each block adds: fitted over recent
+	// fetches (FitSamples of them), the seed before any.
+	FixedSeconds    float64 `json:"fixed_seconds"`
+	PerBlockSeconds float64 `json:"per_block_seconds"`
+	FitSamples      uint64  `json:"fit_samples"`
 }
 
 // Links returns the daemon's link estimates.
@@ -213,7 +219,8 @@ func (a *Client) Links(ctx context.Context) (Links, error) {
 	out := Links{Node: r.GetNodeId(), Transport: r.GetTransport(), Links: []Link{}}
 	for _, l := range r.GetLinks() {
 		out.Links = append(out.Links, Link{Peer: l.GetPeer(), BytesPerSecond: l.GetBytesPerSecond(), RTTSeconds: l.GetRttSeconds(),
-			BandwidthSamples: l.GetBandwidthSamples(), RTTSamples: l.GetRttSamples(), Bytes: l.GetBytes(), IdleSeconds: l.GetIdleSeconds()})
+			BandwidthSamples: l.GetBandwidthSamples(), RTTSamples: l.GetRttSamples(), Bytes: l.GetBytes(), IdleSeconds: l.GetIdleSeconds(),
+			FixedSeconds: l.GetFixedSeconds(), PerBlockSeconds: l.GetPerBlockSeconds(), FitSamples: l.GetFitSamples()})
 	}
 	return out, nil
 }

@@ -58,6 +58,11 @@ func seconds(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
 }
 
+// micros formats a short time to the microsecond.
+func micros(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
+}
+
 // printOr prints v as JSON unless err; it returns err.
 func printOr(e *env, err error, v any) error {
 	if err != nil {
@@ -213,8 +218,11 @@ func clusterLinksCmd(e *env) *cobra.Command {
 		Short: "Show the daemon's measured bandwidth and latency to each peer",
 		Long: `links shows, for each peer, the bandwidth and round trip the daemon measured on
 real transfers (a moving average that decays back toward the configured seed
-while the link is idle), or the seed when nothing was measured yet. The
-fetch-or-recompute cost model reads these.`,
+while the link is idle), or the seed when nothing was measured yet, and what a
+fetch costs beyond them: FIXED per fetch (the call, pins, reserve, commit,
+publish) and PER BLOCK, fitted over the last 32 fetches (FITS of them). The
+fetch-or-recompute cost model reads these: a fetch of n blocks of b bytes
+takes RTT + FIXED + n·PER BLOCK + n·b / BANDWIDTH.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
@@ -224,13 +232,14 @@ fetch-or-recompute cost model reads these.`,
 				}
 				fmt.Fprintf(e.stdout, "links from %s (transport %s)\n", links.Node, links.Transport)
 				w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "PEER\tBANDWIDTH\tRTT\tSAMPLES\tMOVED\tIDLE")
+				fmt.Fprintln(w, "PEER\tBANDWIDTH\tRTT\tFIXED\tPER BLOCK\tSAMPLES\tFITS\tMOVED\tIDLE")
 				for _, l := range links.Links {
 					idle := "never measured (seed)"
 					if l.IdleSeconds >= 0 {
 						idle = seconds(l.IdleSeconds)
 					}
-					fmt.Fprintf(w, "%s\t%.2f GB/s\t%s\t%d\t%s\t%s\n", l.Peer, l.BytesPerSecond/1e9, seconds(l.RTTSeconds), l.BandwidthSamples, humanBytes(l.Bytes), idle)
+					fmt.Fprintf(w, "%s\t%.2f GB/s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", l.Peer, l.BytesPerSecond/1e9, micros(l.RTTSeconds), micros(l.FixedSeconds),
+						micros(l.PerBlockSeconds), l.BandwidthSamples, l.FitSamples, humanBytes(l.Bytes), idle)
 				}
 				return w.Flush()
 			})

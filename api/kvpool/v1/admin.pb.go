@@ -1349,7 +1349,13 @@ type LinkStatus struct {
 	RttSamples       uint64 `protobuf:"varint,5,opt,name=rtt_samples,json=rttSamples,proto3" json:"rtt_samples,omitempty"`
 	Bytes            uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// Seconds since the last measurement; -1 when never measured.
-	IdleSeconds   float64 `protobuf:"fixed64,7,opt,name=idle_seconds,json=idleSeconds,proto3" json:"idle_seconds,omitempty"`
+	IdleSeconds float64 `protobuf:"fixed64,7,opt,name=idle_seconds,json=idleSeconds,proto3" json:"idle_seconds,omitempty"`
+	// What one fetch costs beyond its round trip and bytes, and what each
+	// block adds, fitted over recent fetches (the seed before any).
+	FixedSeconds    float64 `protobuf:"fixed64,8,opt,name=fixed_seconds,json=fixedSeconds,proto3" json:"fixed_seconds,omitempty"`
+	PerBlockSeconds float64 `protobuf:"fixed64,9,opt,name=per_block_seconds,json=perBlockSeconds,proto3" json:"per_block_seconds,omitempty"`
+	// Fetches the fit of fixed_seconds and per_block_seconds saw.
+	FitSamples    uint64 `protobuf:"varint,10,opt,name=fit_samples,json=fitSamples,proto3" json:"fit_samples,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1429,6 +1435,27 @@ func (x *LinkStatus) GetBytes() uint64 {
 func (x *LinkStatus) GetIdleSeconds() float64 {
 	if x != nil {
 		return x.IdleSeconds
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetFixedSeconds() float64 {
+	if x != nil {
+		return x.FixedSeconds
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetPerBlockSeconds() float64 {
+	if x != nil {
+		return x.PerBlockSeconds
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetFitSamples() uint64 {
+	if x != nil {
+		return x.FitSamples
 	}
 	return 0
 }
@@ -1600,7 +1627,7 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\vanswered_by\x18\x10 \x01(\tR\n" +
 	"answeredBy\x120\n" +
 	"\atenants\x18\x11 \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\"\x12\n" +
-	"\x10ListLinksRequest\"\xf2\x01\n" +
+	"\x10ListLinksRequest\"\xe4\x02\n" +
 	"\n" +
 	"LinkStatus\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12(\n" +
@@ -1611,7 +1638,12 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\vrtt_samples\x18\x05 \x01(\x04R\n" +
 	"rttSamples\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12!\n" +
-	"\fidle_seconds\x18\a \x01(\x01R\vidleSeconds\"w\n" +
+	"\fidle_seconds\x18\a \x01(\x01R\vidleSeconds\x12#\n" +
+	"\rfixed_seconds\x18\b \x01(\x01R\ffixedSeconds\x12*\n" +
+	"\x11per_block_seconds\x18\t \x01(\x01R\x0fperBlockSeconds\x12\x1f\n" +
+	"\vfit_samples\x18\n" +
+	" \x01(\x04R\n" +
+	"fitSamples\"w\n" +
 	"\x11ListLinksResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12+\n" +

@@ -2052,9 +2052,13 @@ func (x *FetchRequest) GetTimeoutMs() uint32 {
 type FetchResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node the block came from; empty when it was already here.
-	SourceNode    string      `protobuf:"bytes,1,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
-	Status        *ItemStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
-	SizeBytes     uint64      `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	SourceNode string      `protobuf:"bytes,1,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	Status     *ItemStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	SizeBytes  uint64      `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// How long the daemon took over the fetch that brought the block, from
+	// the call to its commit (0 when it was already here): what the link's
+	// fit of fetch costs sees.
+	FetchSeconds  float64 `protobuf:"fixed64,4,opt,name=fetch_seconds,json=fetchSeconds,proto3" json:"fetch_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2106,6 +2110,13 @@ func (x *FetchResult) GetStatus() *ItemStatus {
 func (x *FetchResult) GetSizeBytes() uint64 {
 	if x != nil {
 		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *FetchResult) GetFetchSeconds() float64 {
+	if x != nil {
+		return x.FetchSeconds
 	}
 	return 0
 }
@@ -3363,13 +3374,14 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\"|\n" +
+	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\"\xa1\x01\n" +
 	"\vFetchResult\x12\x1f\n" +
 	"\vsource_node\x18\x01 \x01(\tR\n" +
 	"sourceNode\x12-\n" +
 	"\x06status\x18\x02 \x01(\v2\x15.kvpool.v1.ItemStatusR\x06status\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\"f\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12#\n" +
+	"\rfetch_seconds\x18\x04 \x01(\x01R\ffetchSeconds\"f\n" +
 	"\rFetchResponse\x120\n" +
 	"\aresults\x18\x01 \x03(\v2\x16.kvpool.v1.FetchResultR\aresults\x12#\n" +
 	"\rfetched_bytes\x18\x02 \x01(\x04R\ffetchedBytes\"X\n" +

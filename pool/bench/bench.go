@@ -310,8 +310,11 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			// Put keeps the arena from filling the way eviction would: a
 			// helper removes each client's blocks in batches once they are
 			// more than keepBlocks puts old, off the put path, with one
-			// pipelined round trip per batch.
-			const keepBlocks, batch = 8, 8
+			// pipelined round trip per batch. The clients' blocks span the
+			// working set, so puts write across as much memory as the
+			// baseline's copies do.
+			const batch = 8
+			keepBlocks := max(8, int(cfg.WorkingSetBytes/int64(cfg.BlockBytes))/len(clients))
 			evict := make(chan []byte, 2*batch)
 			evicted := make(chan struct{})
 			go func() {
@@ -584,31 +587,48 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 	})
 }
 
-// memcpyBaseline copies BlockBytes at a time from a region the size of the
-// working set into one buffer, with Clients goroutines: what a same-host
-// Get must do at the least.
+// memcpyBaseline copies BlockBytes at a time with Clients goroutines,
+// between one buffer per goroutine and random frames of a region the size
+// of the working set (touched first, so no page faults): for a Get, from
+// the region into the buffer, what a same-host Get must do at the least;
+// for a Put, from the buffer into the region, what a same-host Put must
+// do at the least. The region is where the node's arena is, memory the
+// copy finds out of cache once the working set exceeds the last-level
+// cache, as an arena of many GiB is; the buffer is the engine's, hot.
 type memcpyBaseline struct {
-	cfg Config
-	src []byte
+	cfg    Config
+	region []byte
 	meter
 }
 
-func (b *memcpyBaseline) name() string { return "memcpy" }
-func (b *memcpyBaseline) close()       {}
+func (b *memcpyBaseline) name() string {
+	if b.cfg.Op == "put" {
+		return "memcpy into the working set"
+	}
+	return "memcpy"
+}
+
+func (b *memcpyBaseline) close() {}
 
 func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
-	if b.src == nil {
-		b.src = make([]byte, max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
-		fillValue(b.src, 5)
+	if b.region == nil {
+		b.region = make([]byte, max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
+		fillValue(b.region, 5)
 	}
 	size := b.cfg.BlockBytes
-	frames := len(b.src) / size
+	frames := len(b.region) / size
+	put := b.cfg.Op == "put"
 	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
-		dst := make([]byte, size)
+		buf := make([]byte, size)
+		fillValue(buf, uint64(i))
 		rng := rand.New(rand.NewPCG(uint64(i), 9))
 		for time.Now().Before(deadline) {
 			off := rng.IntN(frames) * size
-			copy(dst, b.src[off:off+size])
+			if put {
+				copy(b.region[off:off+size], buf)
+			} else {
+				copy(buf, b.region[off:off+size])
+			}
 			total.Add(int64(size))
 		}
 		return nil

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"testing"
@@ -262,4 +263,118 @@ func freeEndpoint(t testing.TB) string {
 	}
 	defer l.Close()
 	return "tcp://" + l.Addr().String()
+}
+
+// BenchmarkFetchPrediction measures how well Plan predicts a fetch: two
+// daemons, chains of 1, 4, 16 and 64 2-MiB blocks on node-0, and node-1
+// fetching each (then dropping its copies) 40 times per length, in
+// rotation. Before each fetch node-1's Estimate gives the predicted fetch
+// time (NodePlan.Transfer: round trip, the link's fitted fixed and
+// per-block costs, bytes at its bandwidth); the client times the Fetch
+// call. It reports the median and worst relative error per length over
+// the last 30 rounds (the first 10 train the link), and overall.
+//
+//	go test -run '^$' -bench FetchPrediction -benchtime 1x -v ./test
+func BenchmarkFetchPrediction(b *testing.B) {
+	c := cluster.New(b, cluster.Config{Nodes: 2, CapacityBytes: 512 << 20})
+	ctx := context.Background()
+	holder, fetcher := c.Client(0, api.PathData), c.Client(1, api.PathData)
+	lengths := []int{1, 4, 16, 64}
+	const block = 2 << 20
+	chains := map[int][][]byte{}
+	value := make([]byte, block)
+	for i := range value {
+		value[i] = byte(i * 7)
+	}
+	for _, n := range lengths {
+		for i := range n {
+			k := fmt.Appendf(nil, "predict-%d-%d", n, i)
+			chains[n] = append(chains[n], k)
+			if err := holder.Put(ctx, api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k}, value); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	c.Converged(30 * time.Second)
+	const rounds, warm = 40, 10
+	errs, daemonErrs := map[int][]float64{}, map[int][]float64{}
+	tookBy, predBy := map[int][]float64{}, map[int][]float64{}
+	for b.Loop() {
+		for r := range rounds {
+			for _, n := range lengths {
+				// llama3-8b: 131072 B/token, so a 16-token block is 2 MiB.
+				p, err := fetcher.Estimate(ctx, api.PlanRequest{Tenant: "acme", Namespace: "llama3-8b", Keys: chains[n], BlockTokens: 16}, "")
+				if err != nil {
+					b.Fatal(err)
+				}
+				np := p.Nodes[0]
+				if np.Source != c.Nodes[0].ID || np.PoolBlocks != n {
+					b.Fatalf("node-1's estimate for %d blocks: %+v", n, np)
+				}
+				t0 := time.Now()
+				res, err := fetcher.Fetch(ctx, "acme", "llama3-8b", chains[n], 0)
+				took := time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, fr := range res {
+					if fr.Err != nil {
+						b.Fatal(fr.Err)
+					}
+				}
+				if r >= warm {
+					errs[n] = append(errs[n], (np.Transfer.Seconds()-took.Seconds())/took.Seconds())
+					daemon := res[0].Took.Seconds()
+					daemonErrs[n] = append(daemonErrs[n], (np.Transfer.Seconds()-daemon)/daemon)
+					tookBy[n] = append(tookBy[n], daemon)
+					predBy[n] = append(predBy[n], np.Transfer.Seconds())
+				}
+				if _, err := fetcher.RemoveMany(ctx, "acme", "llama3-8b", chains[n]); err != nil {
+					b.Fatal(err)
+				}
+				// Each fetch starts on a quiet cluster: the previous
+				// round's publishing and unpublishing done.
+				eventually.True(b, "the members to publish", 10*time.Second, func() bool {
+					return c.Nodes[0].Node.Member().Pending() == 0 && c.Nodes[1].Node.Member().Pending() == 0
+				})
+			}
+		}
+	}
+	abs := func(xs []float64) []float64 {
+		out := make([]float64, len(xs))
+		for i, x := range xs {
+			out[i] = math.Abs(x)
+		}
+		slices.Sort(out)
+		return out
+	}
+	var all, allDaemon []float64
+	for _, n := range lengths {
+		for _, side := range []struct {
+			name string
+			errs []float64
+			all  *[]float64
+		}{{"client's Fetch call", errs[n], &all}, {"daemon's fetch", daemonErrs[n], &allDaemon}} {
+			signed := slices.Clone(side.errs)
+			slices.Sort(signed)
+			a := abs(side.errs)
+			*side.all = append(*side.all, a...)
+			b.Logf("%2d blocks, against the %s: |error| median %.1f%%, worst %.1f%% (signed median %+.1f%%: + predicts slower than it ran)",
+				n, side.name, 100*a[len(a)/2], 100*a[len(a)-1], 100*signed[len(signed)/2])
+		}
+	}
+	for _, n := range lengths {
+		t, p := slices.Clone(tookBy[n]), slices.Clone(predBy[n])
+		slices.Sort(t)
+		slices.Sort(p)
+		b.Logf("%2d blocks: the daemon's fetch took p10 %.2f ms, p50 %.2f, p90 %.2f; predicted p50 %.2f ms", n, 1e3*t[len(t)/10], 1e3*t[len(t)/2], 1e3*t[len(t)*9/10], 1e3*p[len(p)/2])
+	}
+	ad := abs(allDaemon)
+	b.ReportMetric(100*ad[len(ad)/2], "daemon-median-err-%")
+	b.ReportMetric(100*ad[len(ad)-1], "daemon-worst-err-%")
+	a := abs(all)
+	e := c.Nodes[1].Node.Links().Estimate(c.Nodes[0].ID, time.Now())
+	b.Logf("link node-0 → node-1: %.2f GB/s, rtt %v, fixed %v, per block %v (%d fetches fitted)", e.BytesPerSecond/1e9, e.RTT, e.Fixed, e.PerBlock, e.FitSamples)
+	b.ReportMetric(100*a[len(a)/2], "median-err-%")
+	b.ReportMetric(100*a[len(a)-1], "worst-err-%")
 }

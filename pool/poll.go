@@ -17,10 +17,20 @@ import (
 // plain Read would. The socket is non-blocking (Go's runtime makes it so),
 // so each retry is one read(2). Deadlines set on the connection still
 // bound the parked wait; the spin itself is bounded by spin.
+//
+// A spin holds one of the Go runtime's processors, which nothing else in
+// the process can use meanwhile: a connection whose requests keep coming
+// later than spin (a client that copies a large block between reserve and
+// commit) stops spinning, for 1, 3, 7, … up to 63 reads after each spin
+// in a row that found nothing, and spins again once one finds its
+// request.
 type pollingReader struct {
 	rc       syscall.RawConn
 	spin     func() time.Duration // how long the next read may spin
 	spinners *spinners
+	// misses counts the spins in a row that timed out; skip is how many
+	// more reads park at once. Reads of one connection are sequential.
+	misses, skip int
 }
 
 // spinners bounds how many readers of a node spin at once: half its
@@ -65,7 +75,10 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	var n int
 	var rerr error
 	var until time.Time
-	spinning := false
+	spinning, mayspin := false, r.skip == 0
+	if !mayspin {
+		r.skip--
+	}
 	err := r.rc.Read(func(fd uintptr) bool {
 		for {
 			n, rerr = unix.Read(int(fd), p)
@@ -73,7 +86,12 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 			case rerr == unix.EINTR:
 				continue
 			case rerr != unix.EAGAIN:
+				if spinning {
+					r.misses = 0 // the spin found its request
+				}
 				return true
+			case !mayspin:
+				return false
 			}
 			// Give the core to any thread that is ready to run (the
 			// writer's checksum helper, another client) rather than
@@ -90,6 +108,8 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 				if spinning {
 					r.spinners.exit()
 					spinning = false
+					r.misses++
+					r.skip = 1<<min(r.misses, 6) - 1
 				}
 				return false // sleep until the socket is readable
 			}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 )
@@ -74,5 +75,50 @@ func TestSpinnersBoundConcurrentSpins(t *testing.T) {
 	}
 	if newSpinners().max < 1 {
 		t.Fatal("a node must allow one spinner at least")
+	}
+}
+
+// A connection whose requests keep arriving after the spin stops
+// spinning for 1, 3, 7, … reads after each spin in a row that timed out,
+// and spins again once a spin finds its bytes.
+func TestPollingReaderBacksOffSpinsThatMiss(t *testing.T) {
+	a, b := tcpPair(t)
+	r := newPollingReader(b, func() time.Duration { return 200 * time.Microsecond }, newSpinners()).(*pollingReader)
+	buf := make([]byte, 1)
+	late := func() { // the byte comes well after the spin
+		t.Helper()
+		go func() {
+			time.Sleep(5 * time.Millisecond) // a client busy elsewhere, by construction
+			a.Write([]byte("x"))
+		}()
+		if _, err := r.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var skips []int
+	for range 4 {
+		late()
+		skips = append(skips, r.skip)
+		for r.skip > 0 { // the skipped reads park at once
+			late()
+		}
+	}
+	if want := []int{1, 3, 7, 15}; !slices.Equal(skips, want) {
+		t.Fatalf("reads skipped after each missed spin: %v, want %v", skips, want)
+	}
+	// A spin that finds its bytes resets the count: write while the read
+	// spins (the bytes are there before its second try at the latest).
+	a.Write([]byte("y"))
+	if _, err := r.Read(buf); err != nil || r.misses != 4 {
+		t.Fatalf("a read with bytes waiting: %v, misses %d (unchanged: it never spun)", err, r.misses)
+	}
+	go a.Write([]byte("z"))
+	for r.misses != 0 {
+		if _, err := r.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		if r.misses != 0 {
+			go a.Write([]byte("z"))
+		}
 	}
 }

@@ -96,7 +96,9 @@ type ServerConfig struct {
 	// thread costs tens of microseconds (more on a VM), a round trip's
 	// worth: a client that sends its next request within this window gets
 	// an answer without paying for it. The cost is at most this much CPU
-	// per request. Default 100 µs; negative turns spinning off.
+	// per request, and a connection whose spins keep missing (its client
+	// works longer than this between requests) backs off spinning.
+	// Default 100 µs; negative turns spinning off.
 	SpinWait time.Duration
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.

@@ -101,7 +101,7 @@ func New(cfg Config) (*Node, error) {
 		}
 	})).With("node", cfg.NodeID)
 	n.log = log.With("component", "pool")
-	seg, err := openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory)
+	seg, err := openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory, cfg.Prefault)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func New(cfg Config) (*Node, error) {
 	var words []uint64
 	if !cfg.DisableShm {
 		pages := cfg.CapacityBytes / cfg.PageBytes
-		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false); err != nil {
+		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false, false); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
 		words = n.versions.words()[:pages]

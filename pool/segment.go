@@ -22,7 +22,7 @@ type segment struct {
 	locked bool
 }
 
-func openSegment(name, path string, size int64, lock bool) (*segment, error) {
+func openSegment(name, path string, size int64, lock, prefault bool) (*segment, error) {
 	var f *os.File
 	if path == "" {
 		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
@@ -48,19 +48,19 @@ func openSegment(name, path string, size int64, lock bool) (*segment, error) {
 			return nil, fmt.Errorf("pool: create segment file: %w", err)
 		}
 		s := &segment{file: f, path: path, owner: owner}
-		if err := s.setup(size, lock); err != nil {
+		if err := s.setup(size, lock, prefault); err != nil {
 			return nil, errors.Join(err, s.close())
 		}
 		return s, nil
 	}
 	s := &segment{file: f, path: path}
-	if err := s.setup(size, lock); err != nil {
+	if err := s.setup(size, lock, prefault); err != nil {
 		return nil, errors.Join(err, s.close())
 	}
 	return s, nil
 }
 
-func (s *segment) setup(size int64, lock bool) error {
+func (s *segment) setup(size int64, lock, prefault bool) error {
 	if err := s.file.Truncate(size); err != nil {
 		return fmt.Errorf("pool: size segment to %d bytes: %w", size, err)
 	}
@@ -71,7 +71,14 @@ func (s *segment) setup(size int64, lock bool) error {
 		}
 	}
 	flags := unix.MAP_SHARED
-	if lock {
+	if prefault && !lock {
+		// Allocate the pages now: MAP_POPULATE alone would map a shared
+		// file's pages for reading, leaving each first write to fault.
+		if err := unix.Fallocate(int(s.file.Fd()), 0, 0, size); err != nil {
+			return fmt.Errorf("pool: allocate the %d-byte arena (--prefault): %w", size, err)
+		}
+	}
+	if lock || prefault {
 		flags |= unix.MAP_POPULATE
 	}
 	mem, err := unix.Mmap(int(s.file.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, flags)

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // A segment file left by a node that died (kill -9 leaves it, and its lock
@@ -34,5 +36,26 @@ func TestSegmentFileOwnership(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s after a clean close: %v, want it removed", p, err)
 		}
+	}
+}
+
+// A prefaulted segment has every page allocated when it opens, and a
+// plain one none (its pages come with their first write).
+func TestPrefaultAllocatesTheArena(t *testing.T) {
+	const size = 8 << 20
+	for _, prefault := range []bool{false, true} {
+		s, err := openSegment("prefault-test", "", size, false, prefault)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		allocated := st.Blocks * 512
+		if (prefault && allocated < size) || (!prefault && allocated != 0) {
+			t.Errorf("prefault %v: %d of %d bytes allocated", prefault, allocated, size)
+		}
+		s.close()
 	}
 }

@@ -235,6 +235,8 @@ func startNodeWith(id string, cfg Config, sec pool.SecurityConfig) (n *pool.Node
 	}
 	pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
 	pc.SecurityConfig = sec
+	// Steady state from the first round: no put pays a page's first write.
+	pc.Prefault = true
 	n, err = pool.New(pc)
 	if err != nil {
 		return nil, nil, err

@@ -114,6 +114,11 @@ type fetchFit struct {
 	obs     [fitWindow][3]float64
 	n, next int
 	samples int64
+	// solved caches the last solve: planning asks for a link's estimate
+	// far more often than fetches change it.
+	solved      bool
+	solvedFor   [2]float64 // rtt, bw
+	solvedTheta [3]float64
 }
 
 // fitWindow is how many recent fetches the fit weighs.
@@ -134,15 +139,28 @@ func (f *fetchFit) observe(blocks int, n int64, d float64) {
 	f.next = (f.next + 1) % fitWindow
 	f.n = min(f.n+1, fitWindow)
 	f.samples++
+	f.solved = false
 }
 
 // solve returns (fixed, perBlock, perByte) given the link's round trip and
 // streaming bandwidth now.
+//
+// REQUIRES: the Links' mutex (it caches its answer).
 func (f *fetchFit) solve(rtt, bw float64) [3]float64 {
 	prior := [3]float64{f.seed[0], f.seed[1], 1 / bw}
 	if f.n == 0 {
 		return prior
 	}
+	if f.solved && f.solvedFor == [2]float64{rtt, bw} {
+		return f.solvedTheta
+	}
+	f.solved, f.solvedFor = true, [2]float64{rtt, bw}
+	f.solvedTheta = f.solveFree(rtt, prior)
+	return f.solvedTheta
+}
+
+// solveFree fits the terms, holding at 0 each that would go negative.
+func (f *fetchFit) solveFree(rtt float64, prior [3]float64) [3]float64 {
 	free := [3]bool{true, true, true}
 	for {
 		theta := f.fit(rtt, prior, free)

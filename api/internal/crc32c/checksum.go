@@ -6,7 +6,10 @@
 // CombineChecksum.
 package crc32c
 
-import "hash/crc32"
+import (
+	"hash/crc32"
+	"unsafe"
+)
 
 // castagnoli is the CRC-32C table; hash/crc32 uses the SSE4.2 / ARMv8 CRC
 // instructions for it (about 27 GB/s per core on our machines).
@@ -82,4 +85,37 @@ func Combine(crcA, crcB uint32, lenB int64) uint32 {
 		}
 	}
 	return mulModP(p, crcA) ^ crcB
+}
+
+// nonTemporalMinBytes is the copy size from which stores go around the
+// caches, as runtime·memmove's do from 1 MiB: a block that large is not
+// read back soon by the core that writes it (a Put's destination is the
+// arena, read later by a Get on another core or by a NIC), and writing it
+// through the caches would first read every line of the destination for
+// ownership, out of memory that is cold.
+const nonTemporalMinBytes = 1 << 20
+
+// nonTemporalStores reports whether a copy of n bytes into dst should use
+// non-temporal stores, which require dst 64-byte aligned.
+func nonTemporalStores(dst []byte, n int) bool {
+	return n >= nonTemporalMinBytes && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%64 == 0
+}
+
+// Copy copies src into dst, which must be at least as long, and returns
+// Update(crc, src): one pass over the bytes instead of two, so the
+// checksum costs no extra read of src and no second core. Where the CPU
+// has the folding CRC, it is computed from the registers the copy loads,
+// and large copies store around the caches as copy does; elsewhere it is
+// copy then Update.
+func Copy(crc uint32, dst, src []byte) uint32 {
+	if len(dst) < len(src) {
+		panic("crc32c: Copy into a shorter slice")
+	}
+	if hasFoldCRC && len(src) >= foldMinBytes {
+		n := len(src) &^ 255
+		crc = ^foldCopyCRC(^crc, dst, src[:n])
+		dst, src = dst[n:], src[n:]
+	}
+	copy(dst, src)
+	return crc32.Update(crc, castagnoli, src)
 }

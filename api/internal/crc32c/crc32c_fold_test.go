@@ -1,10 +1,12 @@
 package crc32c
 
 import (
+	"bytes"
 	"hash/crc32"
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"unsafe"
 )
 
 func TestFoldModelMatchesStdlib(t *testing.T) {
@@ -114,4 +116,93 @@ func FuzzCombineChecksum(f *testing.F) {
 			t.Fatalf("combine(%q, %q) = %08x, want %08x", a, b, got, want)
 		}
 	})
+}
+
+// TestCopy checks Copy's bytes and checksum against copy and Update, for
+// lengths around every boundary (256-byte folds, the folding threshold,
+// non-temporal stores) and for destinations and sources at every
+// alignment that matters to the stores.
+func TestCopy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 3))
+	src := make([]byte, nonTemporalMinBytes+4096)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	lengths := []int{0, 1, 255, 256, 1023, foldMinBytes, foldMinBytes + 1, 4096 + 255, nonTemporalMinBytes - 1, nonTemporalMinBytes, nonTemporalMinBytes + 257}
+	for _, n := range lengths {
+		for _, dstOff := range []int{0, 1, 64} {
+			for _, srcOff := range []int{0, 3} {
+				s := src[srcOff : srcOff+min(n, len(src)-srcOff)]
+				backing := make([]byte, len(s)+128+dstOff)
+				base := 64 - int(uintptr(unsafe.Pointer(&backing[0]))%64)
+				dst := backing[base+dstOff : base+dstOff+len(s)+16]
+				for i := range dst {
+					dst[i] = 0xAA
+				}
+				const init = 0x12345678
+				got := Copy(init, dst, s)
+				if want := crc32.Update(init, castagnoli, s); got != want {
+					t.Fatalf("len %d dst+%d src+%d: crc %08x, want %08x", len(s), dstOff, srcOff, got, want)
+				}
+				if !bytes.Equal(dst[:len(s)], s) {
+					t.Fatalf("len %d dst+%d src+%d: bytes differ", len(s), dstOff, srcOff)
+				}
+				for i, b := range dst[len(s):] {
+					if b != 0xAA {
+						t.Fatalf("len %d dst+%d src+%d: wrote past the copy at +%d", len(s), dstOff, srcOff, i)
+					}
+				}
+			}
+		}
+	}
+}
+
+func FuzzCopy(f *testing.F) {
+	f.Add(uint32(0), make([]byte, 1024), uint8(0))
+	f.Add(uint32(9), make([]byte, 5000), uint8(7))
+	f.Fuzz(func(t *testing.T, init uint32, p []byte, off uint8) {
+		dst := make([]byte, len(p)+int(off))[off:]
+		if got, want := Copy(init, dst, p), crc32.Update(init, castagnoli, p); got != want {
+			t.Fatalf("len %d: %08x, stdlib %08x", len(p), got, want)
+		}
+		if !bytes.Equal(dst, p) {
+			t.Fatalf("len %d: bytes differ", len(p))
+		}
+	})
+}
+
+// BenchmarkCopy compares, for a block written into a region much larger
+// than the caches (as a Put writes the arena), copy alone, copy then
+// Checksum, and Copy.
+func BenchmarkCopy(b *testing.B) {
+	const region = 1 << 30
+	mem := make([]byte, region)
+	for i := 0; i < region; i += 4096 {
+		mem[i] = 1
+	}
+	for _, n := range []int{256 << 10, 2 << 20, 16 << 20} {
+		src := make([]byte, n)
+		frames := region / n
+		rng := rand.New(rand.NewPCG(1, 1))
+		frame := func() []byte { off := rng.IntN(frames) * n; return mem[off : off+n] }
+		b.Run("copy/"+sizeName(n), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				copy(frame(), src)
+			}
+		})
+		b.Run("copy+checksum/"+sizeName(n), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				copy(frame(), src)
+				Checksum(src)
+			}
+		})
+		b.Run("Copy/"+sizeName(n), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				Copy(0, frame(), src)
+			}
+		})
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
 )
 
 // Path is how a Client moves block bytes.
@@ -79,6 +80,14 @@ type ClientConfig struct {
 	// Get asks the node (one round trip) instead of copying a block this
 	// client read before straight from the segment.
 	NoLocationCache bool
+	// SpinWait is how long a call on the data channel or the same-host
+	// session keeps polling its socket for the node's response before
+	// its goroutine parks: those round trips take tens of microseconds,
+	// about what a park and wake-up add on top. At most half the
+	// process's processors spin at once, and a connection whose responses
+	// keep coming later than SpinWait stops spinning for a while. Default
+	// 50 µs; negative turns it off.
+	SpinWait time.Duration
 	// Logger receives the client's logs. Default: discard.
 	Logger *slog.Logger
 	// DialOptions are extra gRPC dial options.
@@ -139,6 +148,9 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 5 * time.Second
 	}
+	if cfg.SpinWait == 0 {
+		cfg.SpinWait = 50 * time.Microsecond
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -170,8 +182,12 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("client: reach %s: %w", cfg.Server, FromStatus(err))
 	}
 	c.path = cfg.Path
+	wc := wireConfig
+	if cfg.SpinWait > 0 {
+		wc.SpinWait, wc.Spinners = cfg.SpinWait, wire.NewSpinners()
+	}
 	if c.path == PathAuto || c.path == PathShm {
-		s, err := attachShm(ictx, c.info, cfg)
+		s, err := attachShm(ictx, c.info, cfg, wc)
 		switch {
 		case err == nil:
 			c.path, c.bytes = PathShm, s
@@ -188,7 +204,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	switch c.path {
 	case PathData:
-		c.bytes = newDataPath(cfg)
+		c.bytes = newDataPath(cfg, wc)
 	case PathGRPC:
 		c.bytes = &grpcPath{rpc: c.rpc}
 	}

@@ -17,13 +17,15 @@ type dataPath struct {
 	conns  *wire.Pool
 }
 
-func newDataPath(cfg ClientConfig) *dataPath {
+// newDataPath dials connections with wc (errors, spinning) and cfg's
+// credentials.
+func newDataPath(cfg ClientConfig, wc wire.ConnConfig) *dataPath {
 	return &dataPath{server: cfg.Server, conns: &wire.Pool{
 		MaxIdle: cfg.MaxIdleConns,
 		Dial: func(ctx context.Context, addr string) (*wire.Conn, error) {
 			ctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 			defer cancel()
-			wc := wireConfig
+			wc := wc
 			wc.TLS, wc.Token = cfg.TLS, cfg.Token
 			c, err := wire.Dial(ctx, addr, wc)
 			if err != nil {

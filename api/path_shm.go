@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvpool/kvpool/api/internal/crc32c"
 	"github.com/kvpool/kvpool/api/internal/seqlock"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
@@ -75,7 +76,7 @@ const maxCachedLocations = 1 << 16
 // while the client is idle.
 const releaseDelay = time.Millisecond
 
-func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfig) (*shmPath, error) {
+func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfig, wc wire.ConnConfig) (*shmPath, error) {
 	path := info.GetShmSocket()
 	switch {
 	case path == "":
@@ -94,7 +95,7 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 		uc.Close()
 		return nil, err
 	}
-	s.conn = wire.NewConn(uc, wireConfig)
+	s.conn = wire.NewConn(uc, wc)
 	// Without a load fence on this architecture the cache's seqlock
 	// cannot rule out a torn copy: every cached copy is then verified.
 	s.verify = cfg.VerifySharedReads || !seqlock.Fenced
@@ -414,14 +415,8 @@ func (s *shmPath) copyOut(k BlockKey, src []byte, want uint32, dst []byte, verif
 		copy(dst, src)
 		return dst, nil
 	}
-	// Checksum each piece right after copying it, while it is in cache.
-	var crc uint32
-	for off := 0; off < len(dst); off += 64 << 10 {
-		end := min(off+64<<10, len(dst))
-		copy(dst[off:end], src[off:end])
-		crc = UpdateChecksum(crc, dst[off:end])
-	}
-	if crc != want {
+	// One pass: the checksum is of the bytes as the copy read them.
+	if crc := crc32c.Copy(0, dst, src); crc != want {
 		return nil, fmt.Errorf("%w: client: %s: shared block has CRC %08x, the node stored %08x", ErrDataLoss, k, crc, want)
 	}
 	return dst, nil
@@ -459,15 +454,14 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 	if err != nil {
 		return PutResult{}, err
 	}
-	// The checksum reads value from the caller's memory on another core
-	// while this one copies it (see checksumAsync).
-	crc := checksumAsync(value)
-	if err := s.mapped(func() error { copy(res.mem, value); return nil }); err != nil {
-		crc()
+	// The checksum is folded from the registers the copy loads: no second
+	// pass over value, no second core.
+	var crc uint32
+	if err := s.mapped(func() error { crc = crc32c.Copy(0, res.mem, value); return nil }); err != nil {
 		return PutResult{}, err
 	}
 	res.done = true
-	return s.commit(ctx, res.handle, copies, crc())
+	return s.commit(ctx, res.handle, copies, crc)
 }
 
 func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {

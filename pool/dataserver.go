@@ -56,10 +56,10 @@ type dataServer struct {
 	log         *slog.Logger
 	ioTimeout   time.Duration
 	idleTimeout time.Duration
-	spinWait    time.Duration // see ServerConfig.SpinWait
-	noBench     bool          // see ServerConfig.NoBenchFrames
-	spinners    *spinners     // shared by every connection's reader
-	gate        *gatekeeper   // nil: every caller may do everything
+	spinWait    time.Duration  // see ServerConfig.SpinWait
+	noBench     bool           // see ServerConfig.NoBenchFrames
+	spinners    *wire.Spinners // shared by every connection's reader
+	gate        *gatekeeper    // nil: every caller may do everything
 	// grants, when set (a secured node), records what peer nodes pinned
 	// and reserved, which is all the transports let them touch.
 	grants *grants
@@ -223,7 +223,7 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 			return s.spinWait
 		}
 	}
-	d.br = bufio.NewReaderSize(newPollingReader(c, spin, s.spinners), 64<<10)
+	d.br = bufio.NewReaderSize(wire.NewPollingReader(c, spin, s.spinners), 64<<10)
 	defer sess.end(s.store, s.grants)
 	for ctx.Err() == nil {
 		// Idle between frames for up to idleTimeout; once a frame's first

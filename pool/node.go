@@ -242,7 +242,7 @@ func New(cfg Config) (*Node, error) {
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
-		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: newSpinners(), hello: n.hello,
+		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: wire.NewSpinners(), hello: n.hello,
 		gate: n.gate, grants: n.grants,
 	}
 

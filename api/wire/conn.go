@@ -65,6 +65,14 @@ type ConnConfig struct {
 	// Token, when set, is sent in the preamble: the bearer token that
 	// identifies the caller to a node that requires credentials.
 	Token string
+	// SpinWait, when positive, is how long a read that finds no response
+	// yet keeps polling the socket before its goroutine parks (see
+	// NewPollingReader): a round trip to a node on the same host is often
+	// over sooner than a park and wake-up take. Spinning readers share
+	// the slots of Spinners, which is required with a SpinWait. Default 0:
+	// plain reads.
+	SpinWait time.Duration
+	Spinners *Spinners
 }
 
 // NewConn wraps nc, which is past any preamble.
@@ -75,7 +83,12 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 	if cfg.Status == nil {
 		cfg.Status = func(code uint8, msg string) error { return &StatusError{Code: code, Message: msg} }
 	}
-	return &Conn{nc: nc, br: bufio.NewReaderSize(nc, cfg.ReadBufferBytes), out: make([]byte, 0, RequestBufferBytes+TrailerBytes), status: cfg.Status}
+	var r io.Reader = nc
+	if cfg.SpinWait > 0 && cfg.Spinners != nil {
+		spin := cfg.SpinWait
+		r = NewPollingReader(nc, func() time.Duration { return spin }, cfg.Spinners)
+	}
+	return &Conn{nc: nc, br: bufio.NewReaderSize(r, cfg.ReadBufferBytes), out: make([]byte, 0, RequestBufferBytes+TrailerBytes), status: cfg.Status}
 }
 
 // Dial opens a TCP data connection to addr (through TLS with cfg.TLS) and

@@ -53,6 +53,10 @@ type Config struct {
 	// NoLocationCache makes every shared-memory Get ask the node, instead
 	// of copying blocks this client read before straight from the segment.
 	NoLocationCache bool
+	// ClientSpinWait is the clients' api.ClientConfig.SpinWait: how long
+	// a call polls its socket for the node's response before parking.
+	// Zero: the client's default; negative: off.
+	ClientSpinWait time.Duration
 	// Progress, when set, receives a progress bar.
 	Progress *Progress
 	// Tenant and Namespace hold the benchmark's blocks.
@@ -130,7 +134,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache})
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, SpinWait: cfg.ClientSpinWait})
 		if err != nil {
 			return nil, err
 		}

@@ -1,4 +1,4 @@
-package pool
+package wire
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ func tcpPair(t *testing.T) (a, b net.Conn) {
 func TestPollingReader(t *testing.T) {
 	for _, spin := range []time.Duration{time.Microsecond, 50 * time.Millisecond} {
 		a, b := tcpPair(t)
-		r := newPollingReader(b, func() time.Duration { return spin }, newSpinners())
+		r := NewPollingReader(b, func() time.Duration { return spin }, NewSpinners())
 		if _, ok := r.(*pollingReader); !ok {
 			t.Fatalf("a TCP connection got %T, want a *pollingReader", r)
 		}
@@ -48,7 +48,7 @@ func TestPollingReader(t *testing.T) {
 		}
 	}
 	_, b := tcpPair(t)
-	r := newPollingReader(b, func() time.Duration { return time.Microsecond }, newSpinners())
+	r := NewPollingReader(b, func() time.Duration { return time.Microsecond }, NewSpinners())
 	b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := r.Read(make([]byte, 10)); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read past the deadline: %v, want ErrDeadlineExceeded", err)
@@ -56,13 +56,13 @@ func TestPollingReader(t *testing.T) {
 	if n, err := r.Read(nil); n != 0 || err != nil {
 		t.Fatalf("empty read: %d, %v", n, err)
 	}
-	if _, ok := newPollingReader(b, nil, newSpinners()).(net.Conn); !ok {
+	if _, ok := NewPollingReader(b, nil, NewSpinners()).(net.Conn); !ok {
 		t.Fatal("without a spin the connection itself must be the reader")
 	}
 }
 
 func TestSpinnersBoundConcurrentSpins(t *testing.T) {
-	s := &spinners{max: 2}
+	s := &Spinners{max: 2}
 	if !s.enter() || !s.enter() {
 		t.Fatal("two slots must be free")
 	}
@@ -73,7 +73,7 @@ func TestSpinnersBoundConcurrentSpins(t *testing.T) {
 	if !s.enter() {
 		t.Fatal("a slot freed by exit must be taken again")
 	}
-	if newSpinners().max < 1 {
+	if NewSpinners().max < 1 {
 		t.Fatal("a node must allow one spinner at least")
 	}
 }
@@ -83,7 +83,7 @@ func TestSpinnersBoundConcurrentSpins(t *testing.T) {
 // and spins again once a spin finds its bytes.
 func TestPollingReaderBacksOffSpinsThatMiss(t *testing.T) {
 	a, b := tcpPair(t)
-	r := newPollingReader(b, func() time.Duration { return 200 * time.Microsecond }, newSpinners()).(*pollingReader)
+	r := NewPollingReader(b, func() time.Duration { return 200 * time.Microsecond }, NewSpinners()).(*pollingReader)
 	buf := make([]byte, 1)
 	late := func() { // the byte comes well after the spin
 		t.Helper()

@@ -1,4 +1,4 @@
-package pool
+package wire
 
 import (
 	"io"
@@ -7,12 +7,11 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // pollingReader reads a connection's socket without letting its goroutine
-// sleep while the next bytes are likely moments away: a read that finds
+// sleep while the next bytes are likely moments away (a node waiting for a
+// client's next request, a client waiting for the node's response): a read that finds
 // nothing retries for up to spin before it parks in the netpoller as a
 // plain Read would. The socket is non-blocking (Go's runtime makes it so),
 // so each retry is one read(2). Deadlines set on the connection still
@@ -27,24 +26,28 @@ import (
 type pollingReader struct {
 	rc       syscall.RawConn
 	spin     func() time.Duration // how long the next read may spin
-	spinners *spinners
+	spinners *Spinners
 	// misses counts the spins in a row that timed out; skip is how many
 	// more reads park at once. Reads of one connection are sequential.
 	misses, skip int
 }
 
-// spinners bounds how many readers of a node spin at once: half its
-// processors (at least one), so spinning never starves the work it waits
-// for, the node's own or its clients' on the same host.
-type spinners struct {
+// Spinners bounds how many polling readers spin at once: half the
+// process's processors (at least one), so spinning never starves the work
+// it waits for (the node's own, or its clients' on the same host). A node
+// shares one among its connections, a client among its sessions. Safe for
+// concurrent use.
+type Spinners struct {
 	n   atomic.Int32
 	max int32
 }
 
-func newSpinners() *spinners { return &spinners{max: int32(max(1, runtime.GOMAXPROCS(0)/2))} }
+// NewSpinners allows half of GOMAXPROCS readers to spin at once, one at
+// least.
+func NewSpinners() *Spinners { return &Spinners{max: int32(max(1, runtime.GOMAXPROCS(0)/2))} }
 
 // enter takes a spinning slot, or reports that none is free.
-func (s *spinners) enter() bool {
+func (s *Spinners) enter() bool {
 	if s.n.Add(1) > s.max {
 		s.n.Add(-1)
 		return false
@@ -52,11 +55,13 @@ func (s *spinners) enter() bool {
 	return true
 }
 
-func (s *spinners) exit() { s.n.Add(-1) }
+func (s *Spinners) exit() { s.n.Add(-1) }
 
-// newPollingReader is c itself when spin is nil or c has no socket to
-// poll. Spinning readers share the slots of sp.
-func newPollingReader(c net.Conn, spin func() time.Duration, sp *spinners) io.Reader {
+// NewPollingReader returns a reader of c that spins for up to spin() on
+// each read that finds nothing (see pollingReader), or c itself when spin
+// is nil or c has no socket to poll. Spinning readers share the slots of
+// sp. Reads MUST be sequential, as a bufio.Reader's are.
+func NewPollingReader(c net.Conn, spin func() time.Duration, sp *Spinners) io.Reader {
 	sc, ok := c.(syscall.Conn)
 	if spin == nil || !ok {
 		return c
@@ -81,11 +86,11 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	}
 	err := r.rc.Read(func(fd uintptr) bool {
 		for {
-			n, rerr = unix.Read(int(fd), p)
+			n, rerr = syscall.Read(int(fd), p)
 			switch {
-			case rerr == unix.EINTR:
+			case rerr == syscall.EINTR:
 				continue
-			case rerr != unix.EAGAIN:
+			case rerr != syscall.EAGAIN:
 				if spinning {
 					r.misses = 0 // the spin found its request
 				}

@@ -80,6 +80,14 @@ type ClientConfig struct {
 	// Get asks the node (one round trip) instead of copying a block this
 	// client read before straight from the segment.
 	NoLocationCache bool
+	// MapLazily leaves the node's shared memory to be mapped into this
+	// process page by page, on first touch, instead of in the background
+	// right after Dial (the pages the node has allocated; see
+	// prefaultMapping). The first copy into each block then pays for its
+	// page faults (about 8× the copy's own time for a 2 MiB block); the
+	// page tables the background pass builds cost 2 MiB per GiB of arena.
+	// Default false.
+	MapLazily bool
 	// SpinWait is how long a call on the data channel or the same-host
 	// session keeps polling its socket for the node's response before
 	// its goroutine parks: those round trips take tens of microseconds,

@@ -59,6 +59,23 @@ type shmPath struct {
 	// of twice is worth about a third of a 2 MiB copy.
 	pending []uint64
 	flusher *time.Timer
+	// stopPrefault ends prefaultMapping, which closes prefaulted.
+	stopPrefault chan struct{}
+	prefaulted   chan struct{}
+	// spare is a reservation the node made ahead of this session's next
+	// put (wire.FlagReserveNext), or nil.
+	spare *spare
+}
+
+// spare is a reservation reserved ahead: a put of its size into its tenant
+// and namespace copies straight into it and names the block as it commits,
+// one round trip instead of two (reserve, commit). The node keeps it for
+// the session (no reservation timeout) until it is used, aborted, or the
+// session ends.
+type spare struct {
+	tenant, namespace string
+	size              int
+	handle, offset    uint64
 }
 
 // location is a cached block: its place in the segment, its checksum and
@@ -100,6 +117,12 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 	// cannot rule out a torn copy: every cached copy is then verified.
 	s.verify = cfg.VerifySharedReads || !seqlock.Fenced
 	s.noCache = cfg.NoLocationCache
+	s.stopPrefault, s.prefaulted = make(chan struct{}), make(chan struct{})
+	if cfg.MapLazily {
+		close(s.prefaulted)
+	} else {
+		go s.prefaultMapping(s.stopPrefault, s.prefaulted)
+	}
 	return s, nil
 }
 
@@ -154,6 +177,8 @@ func (s *shmPath) close() error {
 	}
 	err := s.conn.Close()
 	s.mu.Unlock()
+	close(s.stopPrefault)
+	<-s.prefaulted
 	// Wait for copies in flight, then unmap.
 	s.live.Lock()
 	defer s.live.Unlock()
@@ -448,11 +473,16 @@ func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc 
 	return PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}, nil
 }
 
-// put writes value in place: reserve, copy into the segment, commit.
+// put writes value in place: reserve (or take the spare reserved ahead),
+// copy into the segment, commit, and have the node reserve the next
+// put's spare with the commit.
 func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error) {
-	res, err := s.reserve(ctx, k, len(value))
-	if err != nil {
-		return PutResult{}, err
+	res, spared := s.takeSpare(k, len(value))
+	if !spared {
+		var err error
+		if res, err = s.reserve(ctx, k, len(value)); err != nil {
+			return PutResult{}, err
+		}
 	}
 	// The checksum is folded from the registers the copy loads: no second
 	// pass over value, no second core.
@@ -461,7 +491,61 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 		return PutResult{}, err
 	}
 	res.done = true
-	return s.commit(ctx, res.handle, copies, crc)
+	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum | wire.FlagReserveNext, CRC: crc, Handle: res.handle, Replicas: copies}
+	if spared {
+		r.Tenant, r.Namespace, r.Key = []byte(k.Tenant), []byte(k.Namespace), k.Key
+	}
+	var out PutResult
+	err := s.session(func(c *wire.Conn) error {
+		resp, err := c.RoundTrip(ctx, &r)
+		if resp == nil {
+			return ioError(ctx, "shm commit", err)
+		}
+		if resp.Flags&wire.FlagReserved != 0 {
+			s.keepSpareLocked(&spare{tenant: k.Tenant, namespace: k.Namespace, size: len(value), handle: resp.Handle, offset: resp.Offset})
+		}
+		if err != nil && spared {
+			// A refused rename leaves the spare open on the node.
+			c.Queue(&wire.Request{Op: wire.OpAbort, Handle: res.handle})
+		}
+		out = PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}
+		return err
+	})
+	return out, err
+}
+
+// takeSpare returns the spare as the reservation for a put of size bytes
+// under k when it fits, and reports whether it did. A spare that does not
+// fit is aborted (the abort rides in front of the next request): the
+// commit of this put brings one that does.
+func (s *shmPath) takeSpare(k BlockKey, size int) (*Reservation, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.spare
+	s.spare = nil
+	switch {
+	case sp == nil || s.usableLocked() != nil:
+		return nil, false
+	case sp.tenant != k.Tenant || sp.namespace != k.Namespace || sp.size != size:
+		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
+		return nil, false
+	}
+	mem, err := s.region(sp.offset, uint64(sp.size))
+	if err != nil {
+		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
+		return nil, false
+	}
+	return &Reservation{path: s, s: s, k: k, handle: sp.handle, mem: mem}, true
+}
+
+// keepSpareLocked keeps sp as the session's spare, or aborts it when
+// another put's commit already brought one. REQUIRES: s.mu.
+func (s *shmPath) keepSpareLocked(sp *spare) {
+	if _, err := s.region(sp.offset, uint64(sp.size)); err != nil || s.spare != nil {
+		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
+		return
+	}
+	s.spare = sp
 }
 
 func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {

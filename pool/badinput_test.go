@@ -56,7 +56,9 @@ func intact(t *testing.T, n *Node, c *api.Client, s sentinel) {
 	if err := c.Remove(ctx, k); err != nil {
 		t.Fatal(err)
 	}
-	eventually.True(t, "open reservations to drain", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
+	eventually.True(t, "open reservations to drain (all but the sessions' spares)", 10*time.Second, func() bool {
+		return n.Store().Stats().Reservations == uint64(n.data.spares.Load())
+	})
 	if err := n.Store().Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -676,5 +678,51 @@ func TestTransferConnectionsTimeOut(t *testing.T) {
 				t.Fatalf("closed after %v, want about %v", d, tc.withinOne)
 			}
 		})
+	}
+}
+
+// A commit that names the block (a spare reserved ahead, see
+// wire.FlagReserveNext) must keep the reservation's tenant and namespace:
+// another is refused and leaves the reservation open; the right one
+// commits under the new key and brings the next spare.
+func TestShmCommitUnderAnotherNameIsChecked(t *testing.T) {
+	n := startNode(t)
+	raw := shmRaw(t, n)
+	roundTrip := func(r *wire.Request) wire.Response {
+		t.Helper()
+		raw.Write(wire.AppendRequest(nil, r))
+		var resp wire.Response
+		if err := wire.ReadResponse(raw, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	res := roundTrip(&wire.Request{Op: wire.OpReserve, ValueLen: 5000, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("reserved")})
+	if res.Status != 0 {
+		t.Fatalf("reserve: %+v", res)
+	}
+	for _, c := range []struct{ name, tenant, namespace, key string }{
+		{"other namespace", "t", "x", "k"},
+		{"other tenant", "u", "n", "k"},
+	} {
+		r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, Handle: res.Handle, Tenant: []byte(c.tenant), Namespace: []byte(c.namespace), Key: []byte(c.key)}
+		if got := roundTrip(&r); codes.Code(got.Status) != codes.InvalidArgument {
+			t.Fatalf("%s: status %v, want InvalidArgument", c.name, codes.Code(got.Status))
+		}
+	}
+	zeros := make([]byte, 5000)
+	got := roundTrip(&wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum | wire.FlagReserveNext, CRC: api.Checksum(zeros), Handle: res.Handle, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("renamed")})
+	if got.Status != 0 || got.Flags&wire.FlagReserved == 0 || got.Handle == 0 || got.Handle == res.Handle {
+		t.Fatalf("commit under a new name: %+v, want OK with a new spare", got)
+	}
+	c := dial(t, n, api.PathData)
+	if v, err := c.GetValue(context.Background(), api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("renamed")}); err != nil || !bytes.Equal(v, zeros) {
+		t.Fatalf("the renamed block: %v", err)
+	}
+	if _, err := c.GetValue(context.Background(), api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("reserved")}); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("the name it was reserved under: %v, want NotFound", err)
+	}
+	if st := n.Store().Stats(); st.Reservations != 1 {
+		t.Fatalf("%d reservations, want the spare", st.Reservations)
 	}
 }

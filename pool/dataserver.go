@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,7 @@ type dataStore interface {
 	blockReader
 	ReleaseHandle(h uint64) error
 	RemoveForce(tenant, ns, key []byte, force bool) error
+	Rekey(r *store.Reservation, key []byte) error
 	ValidateSize(size int64) error
 }
 
@@ -60,6 +62,9 @@ type dataServer struct {
 	noBench     bool           // see ServerConfig.NoBenchFrames
 	spinners    *wire.Spinners // shared by every connection's reader
 	gate        *gatekeeper    // nil: every caller may do everything
+	// spares counts the reservations sessions hold for their next puts
+	// (see session.spare): open reservations nobody leaked.
+	spares atomic.Int64
 	// grants, when set (a secured node), records what peer nodes pinned
 	// and reserved, which is all the transports let them touch.
 	grants *grants
@@ -101,6 +106,12 @@ type session struct {
 	// grants this session gave its caller, a peer node, by pin or
 	// reservation handle; nil unless the node keeps grants.
 	grants map[uint64]grant
+	// spare is the handle of the reservation the node made ahead of this
+	// session's next put (wire.FlagReserveNext), 0 when none: one at most.
+	spare uint64
+	// spares counts the node's spares (dataServer.spares); nil outside a
+	// data server.
+	spares *atomic.Int64
 }
 
 func newSession() *session {
@@ -130,6 +141,16 @@ func (s *session) end(st dataStore, g *grants) {
 		st.Abort(r)
 	}
 	s.pins, s.res = nil, nil
+	s.endSpare(s.spare)
+}
+
+// endSpare notes that the reservation handle has ended (committed or
+// aborted), which matters when it is the session's spare.
+func (s *session) endSpare(handle uint64) {
+	if handle != 0 && handle == s.spare {
+		s.spare = 0
+		s.spares.Add(-1)
+	}
 }
 
 // grant lets the session's caller, when it is a peer node, touch gr of
@@ -211,6 +232,7 @@ const reservationSpin = time.Millisecond
 // serve runs one data connection until the peer closes it, a frame is
 // malformed, or the node shuts down (which closes c).
 func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
+	sess.spares = &s.spares
 	d := &dataConn{ctx: ctx, s: s, c: c, hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
 	var spin func() time.Duration
 	if s.spinWait > 0 {
@@ -364,26 +386,65 @@ func (d *dataConn) handle() error {
 			d.s.metrics.dataOp(r.Op, codes.FailedPrecondition)
 			return d.respondErr(api.Errorf(api.ErrFailedPrecondition, "pool: no open reservation %d in this session", r.Handle))
 		}
+		tenant, namespace, _ := res.Name()
+		if len(r.Key) > 0 {
+			// A spare reserved ahead, named now (see FlagReserveNext).
+			err := api.Errorf(api.ErrInvalidArgument, "pool: reservation %d is for %s/%s, not %s/%s", r.Handle, tenant, namespace, r.Tenant, r.Namespace)
+			if string(r.Tenant) == tenant && string(r.Namespace) == namespace {
+				err = st.Rekey(res, r.Key)
+			}
+			if err != nil {
+				d.s.metrics.dataOp(r.Op, api.Code(err))
+				return d.respondErr(err) // the reservation stays open
+			}
+		}
 		d.sess.ungrant(d.s.grants, r.Handle, true)
 		delete(d.sess.res, r.Handle)
+		d.sess.endSpare(r.Handle)
 		verify := r.Flags&wire.FlagChecksum != 0
 		cr, err := st.Commit(res, r.CRC, !verify && r.Flags&wire.FlagWriterChecksum != 0, r.CRC, verify)
 		if err == nil && r.Replicas > 1 {
-			tenant, namespace, key := res.Name()
+			_, _, key := res.Name()
 			err = d.replicate([]byte(tenant), []byte(namespace), key)
 		}
 		d.s.metrics.dataOp(r.Op, api.Code(err))
-		return d.respond(err, committed(cr, uint64(res.Size())))
+		resp := committed(cr, uint64(res.Size()))
+		if err == nil && r.Flags&wire.FlagReserveNext != 0 {
+			d.reserveSpare(res, resp)
+		}
+		return d.respond(err, resp)
 	case wire.OpAbort:
 		if res, ok := d.sess.res[r.Handle]; ok {
 			d.sess.ungrant(d.s.grants, r.Handle, true)
 			delete(d.sess.res, r.Handle)
+			d.sess.endSpare(r.Handle)
 			st.Abort(res)
 		}
 		d.s.metrics.dataOp(r.Op, codes.OK)
 		return nil
 	}
 	return fmt.Errorf("unhandled op %v", r.Op)
+}
+
+// reserveSpare reserves a block like the just committed one, for the
+// session's next put, and names it in resp. The session owns it: the
+// sweeper leaves it alone, and it is aborted when the session ends. No
+// spare (a full tenant, say) is no error: the next put reserves.
+func (d *dataConn) reserveSpare(like *store.Reservation, resp *wire.Response) {
+	if d.sess.spare != 0 || d.sess.spares == nil {
+		return // one per session
+	}
+	tenant, namespace, key := like.Name()
+	spare, err := d.s.store.Reserve([]byte(tenant), []byte(namespace), key, like.Size(), true)
+	if err != nil {
+		return
+	}
+	d.sess.res[spare.Handle()] = spare
+	d.sess.spare = spare.Handle()
+	d.sess.spares.Add(1)
+	d.sess.grant(d.s.grants, spare.Handle(), grant{offset: uint64(spare.Offset()), length: uint64(spare.Size()), write: true, reservation: spare.Handle()})
+	resp.Flags |= wire.FlagReserved
+	resp.Offset, resp.Handle = uint64(spare.Offset()), spare.Handle()
 }
 
 // committed is the response to a Put or Commit.

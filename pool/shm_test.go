@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/internal/eventually"
@@ -61,8 +64,8 @@ func TestShmSessionEndReleasesEverything(t *testing.T) {
 	if _, err := c.Reserve(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("never")}, 50_000); err != nil { // never committed
 		t.Fatal(err)
 	}
-	if st := n.Store().Stats(); st.Reservations != 1 {
-		t.Fatalf("%d reservations, want 1", st.Reservations)
+	if st := n.Store().Stats(); st.Reservations != 2 {
+		t.Fatalf("%d reservations, want 2 (the put's spare and the open one)", st.Reservations)
 	}
 	c2 := dial(t, n, api.PathData)
 	if err := c2.Remove(ctx, k); err != nil {
@@ -336,4 +339,77 @@ func TestShmReadsCheckWhatTheyHaveNotSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	view.Close()
+}
+
+// A same-host put takes the spare its session's previous commit reserved
+// (one round trip: the commit), and gets the next spare with its commit:
+// of a run of puts of one size into one namespace, only the first asks
+// for a reservation. The spare outlives the reservation timeout (the
+// session owns it), a put of another size or namespace aborts it, and the
+// session's end frees it.
+func TestShmPutsReserveTheirSpareAhead(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.ReservationTimeout = 50 * time.Millisecond })
+	ctx := context.Background()
+	c := dial(t, n, api.PathShm)
+	requests := func(op string) float64 {
+		return testutil.ToFloat64(n.metrics.requests.WithLabelValues("data", op, "OK"))
+	}
+	const puts = 10
+	values := make([][]byte, puts)
+	for i := range puts {
+		values[i] = value(uint64(i), 300_000)
+		if err := c.Put(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: fmt.Appendf(nil, "run-%d", i)}, values[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, cm := requests("reserve"), requests("commit"); r != 1 || cm != puts {
+		t.Fatalf("%d puts asked for %v reservations and %v commits, want 1 and %d", puts, r, cm, puts)
+	}
+	if st := n.Store().Stats(); st.Reservations != 1 || st.Blocks != puts {
+		t.Fatalf("after the run: %d reservations (the spare), %d blocks; want 1, %d", st.Reservations, st.Blocks, puts)
+	}
+	for i, v := range values {
+		got, err := dial(t, n, api.PathData).GetValue(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: fmt.Appendf(nil, "run-%d", i)})
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("block %d put into a spare: %v", i, err)
+		}
+	}
+
+	// Well past the reservation timeout the spare is still there, and the
+	// next put uses it.
+	deadline := time.Now().Add(200 * time.Millisecond)
+	eventually.True(t, "the sweeper to have run past the timeout", 10*time.Second, func() bool { return time.Now().After(deadline) })
+	if st := n.Store().Stats(); st.Reservations != 1 {
+		t.Fatalf("past the reservation timeout: %d reservations, want the spare", st.Reservations)
+	}
+	if err := c.Put(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("late")}, value(50, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	if r := requests("reserve"); r != 1 {
+		t.Fatalf("a put after the timeout asked for a reservation (%v in all)", r)
+	}
+
+	// Another size, then another namespace: the spare does not fit, is
+	// given back, and the put reserves its own.
+	for i, k := range []api.BlockKey{{Tenant: "t", Namespace: "n", Key: []byte("bigger")}, {Tenant: "t", Namespace: "other", Key: []byte("elsewhere")}} {
+		size := 400_000
+		if err := c.Put(ctx, k, value(60, size)); err != nil {
+			t.Fatal(err)
+		}
+		if r := requests("reserve"); r != float64(2+i) {
+			t.Fatalf("put %s: %v reservations asked, want %d", k, r, 2+i)
+		}
+	}
+	eventually.True(t, "the unfit spares to be aborted", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 1 })
+
+	// Equal bytes again: Existed, and a spare still comes back.
+	if res, err := c.PutResult(ctx, api.BlockKey{Tenant: "t", Namespace: "other", Key: []byte("elsewhere")}, value(60, 400_000)); err != nil || !res.Existed {
+		t.Fatalf("repeat put: %+v, %v", res, err)
+	}
+	used := n.Store().Stats().UsedBytes
+	c.Close()
+	eventually.True(t, "the session's end to free its spare", 10*time.Second, func() bool {
+		st := n.Store().Stats()
+		return st.Reservations == 0 && st.UsedBytes < used
+	})
 }

@@ -135,7 +135,10 @@ const (
 	// OpCommit commits the reservation Handle; FlagChecksum asks the node
 	// to check CRC against the bytes it finds, FlagWriterChecksum hands it
 	// the writer's CRC to store as it is, and Replicas asks for copies as
-	// a Put does.
+	// a Put does. A non-empty Key commits the block under that key
+	// instead of the one reserved (Tenant and Namespace must be the
+	// reservation's): how a spare reserved ahead (FlagReserveNext) is
+	// used for the next put.
 	OpCommit
 	// OpAbort abandons the reservation Handle. It has no response.
 	OpAbort
@@ -176,11 +179,19 @@ const (
 	// every reader that crosses a socket (DataLoss), never served as good.
 	// With FlagChecksum as well, the node verifies instead.
 	FlagWriterChecksum = 1 << 3
+	// FlagReserveNext (Commit): once committed, also reserve a spare of the
+	// same size, tenant and namespace for this session's next put, and
+	// name it in the response (FlagReserved). The writer's next put is
+	// then a copy and one round trip (a Commit with the new Key) instead
+	// of two. A spare belongs to the session: the node does not reclaim
+	// it on the reservation timeout, only when the session aborts it or
+	// ends.
+	FlagReserveNext = 1 << 4
 )
 
 // flagsAllowed are the request flags each op accepts.
 var flagsAllowed = [opCount]uint8{
-	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum | FlagWriterChecksum,
+	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum | FlagWriterChecksum | FlagReserveNext,
 }
 
 // Response flags.
@@ -190,6 +201,9 @@ const (
 	// FlagClose: the node closes the connection after this response (the
 	// request left the stream out of step); the client must not reuse it.
 	FlagClose = 1 << 1
+	// FlagReserved: a Commit with FlagReserveNext got its spare, named by
+	// the response's Offset and Handle (its size is the block's).
+	FlagReserved = 1 << 2
 )
 
 // Request is a decoded request header with its names and key. The byte

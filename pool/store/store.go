@@ -660,6 +660,23 @@ func (s *Store) Locate(tenant, ns []byte, chain [][]byte) (int, error) {
 	return len(chain), nil
 }
 
+// Rekey makes the open reservation r commit under key instead of the key
+// it was reserved with; its tenant and namespace stay. A same-host session
+// reserves a spare ahead of its next put (see wire.FlagReserveNext) and
+// names the block only when it commits it.
+func (s *Store) Rekey(r *Reservation, key []byte) error {
+	if err := api.ValidateKeyBytes([]byte(r.tenant), []byte(r.namespace), key); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.res[r.handle] != r || r.committing {
+		return api.Errorf(api.ErrFailedPrecondition, "store: reservation %d expired or already ended", r.handle)
+	}
+	r.key = append(r.key[:0], key...)
+	return nil
+}
+
 // ReservationOpen reports whether the reservation with handle is still
 // open: not committed, aborted or reclaimed.
 func (s *Store) ReservationOpen(handle uint64) bool {

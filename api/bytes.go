@@ -20,6 +20,10 @@ type bytePath interface {
 	// put stores value under k; copies > 1 asks the node to place copies
 	// on other nodes until that many hold the block.
 	put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error)
+	// putMany stores values[i] under keys[i] in tenant/namespace, as one
+	// batch where the path can, and returns an error per block; the error
+	// is for the whole call.
+	putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error)
 	// get copies the block under k into dst, or into a new slice when dst
 	// is nil, verifying its checksum (shared memory only when configured),
 	// and takes a read lease when l asks for one.
@@ -88,6 +92,39 @@ func (c *Client) PutReplicas(ctx context.Context, k BlockKey, value []byte, copi
 	}
 	_, err := c.bytes.put(ctx, k, value, uint32(copies))
 	return err
+}
+
+// PutMany stores values[i] under keys[i] in tenant/namespace: the blocks
+// an engine saves for one request, as one batch. Over shared memory one
+// round trip reserves a window of up to 64 blocks, the values are copied
+// in, and one more commits them all; over the data channel and gRPC the
+// blocks go one after another. errs[i] is the i-th block's error (nil:
+// stored, or equal bytes already were), as Put would return it; err is
+// for the call (bad arguments, a broken session), after which blocks not
+// reported stored may or may not be.
+func (c *Client) PutMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) (errs []error, err error) {
+	if len(keys) != len(values) {
+		return nil, fmt.Errorf("%w: %d keys for %d values", ErrInvalidArgument, len(keys), len(values))
+	}
+	for i, k := range keys {
+		if err := c.checkValue(BlockKey{Tenant: tenant, Namespace: namespace, Key: k}, len(values[i])); err != nil {
+			return nil, fmt.Errorf("block %d: %w", i, err)
+		}
+	}
+	return c.bytes.putMany(ctx, tenant, namespace, keys, values)
+}
+
+// putEach is putMany for paths that send one block after another.
+func putEach(ctx context.Context, p bytePath, tenant, namespace string, keys, values [][]byte) ([]error, error) {
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		_, err := p.put(ctx, BlockKey{Tenant: tenant, Namespace: namespace, Key: k}, values[i], 0)
+		if err != nil && !isRemote(err) {
+			return errs, err
+		}
+		errs[i] = err
+	}
+	return errs, nil
 }
 
 // checkValue validates a block before it is sent.

@@ -72,6 +72,10 @@ func (p *dataPath) put(ctx context.Context, k BlockKey, value []byte, copies uin
 	return res, err
 }
 
+func (p *dataPath) putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error) {
+	return putEach(ctx, p, tenant, namespace, keys, values)
+}
+
 // putOver sends a Put frame on c: header and value in one write, then the
 // trailer with the value's checksum.
 func putOver(ctx context.Context, c *wire.Conn, k BlockKey, value []byte, copies uint32) (PutResult, error) {

@@ -113,6 +113,10 @@ func (p *grpcPath) reserve(_ context.Context, k BlockKey, size int) (*Reservatio
 	return &Reservation{path: p, k: k, mem: make([]byte, size)}, nil
 }
 
+func (p *grpcPath) putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error) {
+	return putEach(ctx, p, tenant, namespace, keys, values)
+}
+
 func (p *grpcPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {
 	errs := make([]error, len(keys))
 	for i, k := range keys {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -512,6 +513,97 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 		return err
 	})
 	return out, err
+}
+
+// putWindowBlocks bounds the blocks of a putMany reserved at once: the
+// arena space a batch holds before its commits.
+const putWindowBlocks = 64
+
+// putMany puts a batch a window at a time: every reservation of the
+// window in one round trip, the copies, every commit in one more.
+func (s *shmPath) putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error) {
+	errs := make([]error, len(keys))
+	for off := 0; off < len(keys); off += putWindowBlocks {
+		end := min(off+putWindowBlocks, len(keys))
+		if err := s.putWindow(ctx, []byte(tenant), []byte(namespace), keys[off:end], values[off:end], errs[off:end]); err != nil {
+			return errs, err
+		}
+	}
+	return errs, nil
+}
+
+func (s *shmPath) putWindow(ctx context.Context, tenant, namespace []byte, keys, values [][]byte, errs []error) error {
+	type slot struct {
+		handle uint64
+		mem    []byte
+		crc    uint32
+	}
+	slots := make([]slot, len(keys))
+	err := s.session(func(c *wire.Conn) error {
+		defer c.Bind(ctx)()
+		for i, k := range keys {
+			c.Queue(&wire.Request{Op: wire.OpReserve, ValueLen: uint64(len(values[i])), Tenant: tenant, Namespace: namespace, Key: k})
+		}
+		if err := c.Flush(nil); err != nil {
+			return ioError(ctx, "shm reserve", err)
+		}
+		for i := range keys {
+			resp, err := recv(ctx, c, "shm reserve")
+			if err != nil && !isRemote(err) {
+				return err
+			}
+			if errs[i] = err; err != nil {
+				continue
+			}
+			mem, err := s.region(resp.Offset, uint64(len(values[i])))
+			if err != nil {
+				errs[i] = err
+				c.Queue(&wire.Request{Op: wire.OpAbort, Handle: resp.Handle})
+				continue
+			}
+			slots[i] = slot{handle: resp.Handle, mem: mem}
+		}
+		return nil
+	})
+	if err != nil {
+		return err // the session is broken: the node frees what it held
+	}
+	// The copies run outside the session lock, as a Put's do.
+	if err := s.mapped(func() error {
+		for i := range slots {
+			if slots[i].handle != 0 {
+				slots[i].crc = crc32c.Copy(0, slots[i].mem, values[i])
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(slots, func(sl slot) bool { return sl.handle != 0 }) {
+		return nil
+	}
+	return s.session(func(c *wire.Conn) error {
+		defer c.Bind(ctx)()
+		for _, sl := range slots {
+			if sl.handle != 0 {
+				c.Queue(&wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: sl.crc, Handle: sl.handle})
+			}
+		}
+		if err := c.Flush(nil); err != nil {
+			return ioError(ctx, "shm commit", err)
+		}
+		for i, sl := range slots {
+			if sl.handle == 0 {
+				continue
+			}
+			_, err := recv(ctx, c, "shm commit")
+			if err != nil && !isRemote(err) {
+				return err
+			}
+			errs[i] = err
+		}
+		return nil
+	})
 }
 
 // takeSpare returns the spare as the reservation for a put of size bytes

@@ -413,3 +413,55 @@ func TestShmPutsReserveTheirSpareAhead(t *testing.T) {
 		return st.Reservations == 0 && st.UsedBytes < used
 	})
 }
+
+// PutMany stores a request's blocks as one batch on every path: across
+// the shared-memory window (64 blocks), with per-block errors for a block
+// that clashes with a stored one, and nothing left reserved.
+func TestPutManyStoresABatchOnEveryPath(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	for _, path := range []api.Path{api.PathShm, api.PathData, api.PathGRPC} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := dial(t, n, path)
+			ns := "batch-" + path.String()
+			clash := api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte("block-70")}
+			if err := c.Put(ctx, clash, []byte("other bytes")); err != nil {
+				t.Fatal(err)
+			}
+			var keys, values [][]byte
+			for i := range 100 {
+				keys = append(keys, fmt.Appendf(nil, "block-%d", i))
+				values = append(values, value(uint64(i), 10_000+i*100))
+			}
+			keys = append(keys, keys[3]) // the same block again: fine
+			values = append(values, values[3])
+			errs, err := c.PutMany(ctx, "t", ns, keys, values)
+			if err != nil || len(errs) != len(keys) {
+				t.Fatalf("PutMany: %d errors, %v", len(errs), err)
+			}
+			for i, e := range errs {
+				if want := i == 70; (e != nil) != want || want && !errors.Is(e, api.ErrAlreadyExists) {
+					t.Fatalf("block %d: %v", i, e)
+				}
+			}
+			for i, k := range keys {
+				got, err := c.GetValue(ctx, api.BlockKey{Tenant: "t", Namespace: ns, Key: k})
+				if i == 70 {
+					continue
+				}
+				if err != nil || !bytes.Equal(got, values[i]) {
+					t.Fatalf("block %d after PutMany: %v", i, err)
+				}
+			}
+			if _, err := c.PutMany(ctx, "t", ns, keys[:2], values[:1]); !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("keys without values: %v, want InvalidArgument", err)
+			}
+			if _, err := c.PutMany(ctx, "t", ns, [][]byte{[]byte("ok"), {}}, [][]byte{{1}, {2}}); !errors.Is(err, api.ErrInvalidArgument) {
+				t.Fatalf("an empty key: %v, want InvalidArgument", err)
+			}
+			eventually.True(t, "no reservation but the sessions' spares", 10*time.Second, func() bool {
+				return n.Store().Stats().Reservations == uint64(n.data.spares.Load())
+			})
+		})
+	}
+}

@@ -53,6 +53,11 @@ type Config struct {
 	// NoLocationCache makes every shared-memory Get ask the node, instead
 	// of copying blocks this client read before straight from the segment.
 	NoLocationCache bool
+	// Batch, with Op put, is how many blocks each call stores: above 1,
+	// each client calls PutMany with Batch distinct source buffers (an
+	// engine saving a request's blocks), and the memcpy baseline copies
+	// from as many. Default 1: Put.
+	Batch int
 	// ClientSpinWait is the clients' api.ClientConfig.SpinWait: how long
 	// a call polls its socket for the node's response before parking.
 	// Zero: the client's default; negative: off.
@@ -102,6 +107,12 @@ func (c *Config) fill() error {
 	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
+	}
+	if c.Batch == 0 {
+		c.Batch = 1
+	}
+	if c.Batch < 1 || c.Batch > 1024 || c.Batch > 1 && c.Op != "put" {
+		return fmt.Errorf("%w: batch %d: 1 to 1024 blocks, and only for puts", api.ErrInvalidArgument, c.Batch)
 	}
 	if c.WorkingSetBytes == 0 {
 		c.WorkingSetBytes = 128 << 20
@@ -312,6 +323,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 		wg.Go(func() {
 			buf := make([]byte, cfg.BlockBytes)
 			fillValue(buf, uint64(1000+i))
+			sources := sourceBuffers(cfg, uint64(1000+i))
 			rng := rand.New(rand.NewPCG(uint64(i), 3))
 			// Put keeps the arena from filling the way eviction would: a
 			// helper removes each client's blocks in batches once they are
@@ -339,10 +351,23 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			for seq := 0; time.Now().Before(deadline); seq++ {
 				var err error
 				t0 := time.Now()
-				switch cfg.Op {
-				case "get":
+				switch {
+				case cfg.Op == "get":
 					_, err = c.Get(ctx, keys[rng.IntN(len(keys))], buf)
-				case "put":
+				case cfg.Op == "put" && cfg.Batch > 1:
+					keys := make([][]byte, len(sources))
+					for j := range keys {
+						keys[j] = fmt.Appendf(nil, "put-%d-%d-%d-%d", round, i, seq, j)
+						sources[j][0], sources[j][1] = byte(seq), byte(seq>>8) // distinct bytes per key
+					}
+					var errs []error
+					if errs, err = c.PutMany(ctx, cfg.Tenant, cfg.Namespace, keys, sources); err == nil {
+						err = errors.Join(errs...)
+					}
+					for _, k := range keys {
+						evict <- k
+					}
+				case cfg.Op == "put":
 					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
 					if err = c.Put(ctx, k, buf); err == nil {
@@ -354,7 +379,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 					return
 				}
 				lat[i] = append(lat[i], time.Since(t0))
-				total.Add(int64(cfg.BlockBytes))
+				total.Add(int64(cfg.BlockBytes) * int64(cfg.Batch))
 			}
 		})
 	}
@@ -365,6 +390,20 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 		return measurement{}, err
 	}
 	return measurement{meter: meter{bytes: total.Load(), elapsed: elapsed}, lat: slices.Concat(lat...)}, nil
+}
+
+// sourceBuffers are the Batch distinct values a client of a batched put
+// sends each call, nil without a batch.
+func sourceBuffers(cfg Config, seed uint64) [][]byte {
+	if cfg.Batch <= 1 {
+		return nil
+	}
+	bufs := make([][]byte, cfg.Batch)
+	for j := range bufs {
+		bufs[j] = make([]byte, cfg.BlockBytes)
+		fillValue(bufs[j], seed<<16+uint64(j))
+	}
+	return bufs
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
@@ -627,9 +666,13 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
 		buf := make([]byte, size)
 		fillValue(buf, uint64(i))
+		sources := sourceBuffers(b.cfg, uint64(i))
 		rng := rand.New(rand.NewPCG(uint64(i), 9))
-		for time.Now().Before(deadline) {
+		for n := 0; time.Now().Before(deadline); n++ {
 			off := rng.IntN(frames) * size
+			if len(sources) > 0 {
+				buf = sources[n%len(sources)]
+			}
 			if put {
 				copy(b.region[off:off+size], buf)
 			} else {

@@ -97,8 +97,9 @@ func (c *Client) PutReplicas(ctx context.Context, k BlockKey, value []byte, copi
 // PutMany stores values[i] under keys[i] in tenant/namespace: the blocks
 // an engine saves for one request, as one batch. Over shared memory one
 // round trip reserves a window of up to 64 blocks, the values are copied
-// in, and one more commits them all; over the data channel and gRPC the
-// blocks go one after another. errs[i] is the i-th block's error (nil:
+// in, and one more commits them all; over the data channel the puts of a
+// window are pipelined on one connection (their responses read after the
+// last block's bytes); over gRPC they go one after another. errs[i] is the i-th block's error (nil:
 // stored, or equal bytes already were), as Put would return it; err is
 // for the call (bad arguments, a broken session), after which blocks not
 // reported stored may or may not be.

@@ -72,8 +72,47 @@ func (p *dataPath) put(ctx context.Context, k BlockKey, value []byte, copies uin
 	return res, err
 }
 
+// putMany pipelines the puts on one connection, a window at a time: every
+// frame of the window goes out back to back and the responses are read
+// after, so the link never idles waiting for one block's commit before
+// the next block's bytes. (The node reads and drops the value of a put it
+// refuses, so the stream stays in step.)
 func (p *dataPath) putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error) {
-	return putEach(ctx, p, tenant, namespace, keys, values)
+	errs := make([]error, len(keys))
+	for off := 0; off < len(keys); off += putWindowBlocks {
+		end := min(off+putWindowBlocks, len(keys))
+		err := p.withConn(ctx, func(c *wire.Conn) error {
+			return putManyOver(ctx, c, []byte(tenant), []byte(namespace), keys[off:end], values[off:end], errs[off:end])
+		})
+		if err != nil {
+			return errs, err
+		}
+	}
+	return errs, nil
+}
+
+func putManyOver(ctx context.Context, c *wire.Conn, tenant, namespace []byte, keys, values [][]byte, errs []error) error {
+	defer c.Bind(ctx)()
+	for i, k := range keys {
+		c.Queue(&wire.Request{Op: wire.OpPut, Flags: wire.FlagChecksum, ValueLen: uint64(len(values[i])), Tenant: tenant, Namespace: namespace, Key: k})
+		crc := checksumAsync(values[i]) // beside the socket copy, as putOver's
+		if err := c.Flush(values[i]); err != nil {
+			crc()
+			return ioError(ctx, "put", err)
+		}
+		c.QueueTrailer(crc()) // goes out with the next frame
+	}
+	if err := c.Flush(nil); err != nil {
+		return ioError(ctx, "put", err)
+	}
+	for i := range keys {
+		_, err := recv(ctx, c, "put")
+		if err != nil && !isRemote(err) {
+			return err
+		}
+		errs[i] = err
+	}
+	return nil
 }
 
 // putOver sends a Put frame on c: header and value in one write, then the

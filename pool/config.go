@@ -97,8 +97,11 @@ type ServerConfig struct {
 	// worth: a client that sends its next request within this window gets
 	// an answer without paying for it. The cost is at most this much CPU
 	// per request, and a connection whose spins keep missing (its client
-	// works longer than this between requests) backs off spinning.
-	// Default 100 µs; negative turns spinning off.
+	// works longer than this between requests) backs off spinning. The
+	// node's own waits for peers (the pins of a Fetch, the tcp
+	// transport's responses and served requests) poll as long. At most
+	// half the node's processors spin at once. Default 100 µs; negative
+	// turns spinning off.
 	SpinWait time.Duration
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.

@@ -156,8 +156,11 @@ func New(cfg Config) (*Node, error) {
 	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
 	peerTLS := n.peerTLSFor(n.gate.peerTLS())
+	// One set of spinning slots for the node: its data connections'
+	// readers, its transport's, and its own round trips to peers.
+	spinners := wire.NewSpinners()
 	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
-		TLSFor: peerTLS, Token: n.gate.peerToken})
+		TLSFor: peerTLS, Token: n.gate.peerToken, SpinWait: cfg.SpinWait, Spinners: spinners})
 	var grpcAccess transfer.Access
 	if !n.gate.open {
 		n.grants = &grants{open: n.store.ReservationOpen}
@@ -207,9 +210,6 @@ func New(cfg Config) (*Node, error) {
 		view = n.cluster
 	}
 
-	// One set of spinning slots for the node: its data connections'
-	// readers and its own round trips to peers.
-	spinners := wire.NewSpinners()
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.store, cluster: view, links: n.links, pull: pull, shmPull: shmPull,

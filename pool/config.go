@@ -97,11 +97,12 @@ type ServerConfig struct {
 	// worth: a client that sends its next request within this window gets
 	// an answer without paying for it. The cost is at most this much CPU
 	// per request, and a connection whose spins keep missing (its client
-	// works longer than this between requests) backs off spinning. The
-	// node's own waits for peers (the pins of a Fetch, the tcp
-	// transport's responses and served requests) poll as long. At most
-	// half the node's processors spin at once. Default 100 µs; negative
-	// turns spinning off.
+	// works longer than this between requests) backs off spinning. At
+	// most half the node's processors spin at once. The node's own waits
+	// for its peers (a Fetch's pins, the tcp transport) do not spin: with
+	// two nodes on two cores that measured slower (1-block fetches 0.45 of
+	// raw TCP without, 0.38 with). Default 100 µs; negative turns
+	// spinning off.
 	SpinWait time.Duration
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.

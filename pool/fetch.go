@@ -75,18 +75,11 @@ type fetcher struct {
 // of transfers.
 // creds are how this node identifies itself to its peers (see
 // gatekeeper.peerCredentials).
-// A response is awaited polling the socket for up to spin (the node's
-// SpinWait; see wire.NewPollingReader), the pins of a Fetch being round
-// trips of tens of microseconds.
-func newPeerPool(tlsFor func(addr string) *tls.Config, token string, spin time.Duration, sp *wire.Spinners) *wire.Pool {
+func newPeerPool(tlsFor func(addr string) *tls.Config, token string) *wire.Pool {
 	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) {
 		// Status makes a peer's refusals arrive as the same sentinel
 		// errors as everywhere else (the one table).
-		cfg := wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsFor(addr), Token: token}
-		if spin > 0 {
-			cfg.SpinWait, cfg.Spinners = spin, sp
-		}
-		return wire.Dial(ctx, addr, cfg)
+		return wire.Dial(ctx, addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsFor(addr), Token: token})
 	}}
 }
 

@@ -156,11 +156,8 @@ func New(cfg Config) (*Node, error) {
 	// Transfers.
 	n.links = transfer.NewLinks(cfg.Links)
 	peerTLS := n.peerTLSFor(n.gate.peerTLS())
-	// One set of spinning slots for the node: its data connections'
-	// readers, its transport's, and its own round trips to peers.
-	spinners := wire.NewSpinners()
 	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
-		TLSFor: peerTLS, Token: n.gate.peerToken, SpinWait: cfg.SpinWait, Spinners: spinners})
+		TLSFor: peerTLS, Token: n.gate.peerToken})
 	var grpcAccess transfer.Access
 	if !n.gate.open {
 		n.grants = &grants{open: n.store.ReservationOpen}
@@ -213,7 +210,7 @@ func New(cfg Config) (*Node, error) {
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.store, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
-		peers: newPeerPool(peerTLS, n.gate.peerToken, cfg.SpinWait, spinners), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
+		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL)}
@@ -245,7 +242,7 @@ func New(cfg Config) (*Node, error) {
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
 		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
-		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: spinners, hello: n.hello,
+		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: wire.NewSpinners(), hello: n.hello,
 		gate: n.gate, grants: n.grants,
 	}
 

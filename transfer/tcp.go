@@ -52,24 +52,6 @@ type TCPConfig struct {
 	// Token, when set, is sent in each connection's preamble: this node's
 	// bearer token, for peers that identify nodes by token.
 	Token string
-	// SpinWait, when positive, is how long a connection's reader (of a
-	// peer's responses, or of a served connection's requests) polls its
-	// socket before parking (wire.NewPollingReader): a read's first
-	// response comes a round trip after its request, and a park and
-	// wake-up would add as much again. Spinning readers share Spinners,
-	// required with a SpinWait. Default 0: plain reads.
-	SpinWait time.Duration
-	Spinners *wire.Spinners
-}
-
-// reader is how a connection's bytes are read: polling first when the
-// transport spins.
-func (cfg *TCPConfig) reader(c net.Conn) io.Reader {
-	if cfg.SpinWait <= 0 || cfg.Spinners == nil {
-		return c
-	}
-	spin := cfg.SpinWait
-	return wire.NewPollingReader(c, func() time.Duration { return spin }, cfg.Spinners)
 }
 
 // TCP is the framed TCP transport. Requests name (region, offset,
@@ -472,7 +454,7 @@ func (c *tcpConn) writeLoop(nc net.Conn) {
 }
 
 func (c *tcpConn) readLoop(nc net.Conn) {
-	br := bufio.NewReaderSize(c.t.cfg.reader(nc), 4<<10)
+	br := bufio.NewReaderSize(nc, 4<<10)
 	var hdr [tcpRespBytes]byte
 	for {
 		var s *slice
@@ -543,7 +525,7 @@ func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error { return t.ServeC
 func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) error {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	br := bufio.NewReaderSize(t.cfg.reader(c), 4<<10)
+	br := bufio.NewReaderSize(c, 4<<10)
 	var req [tcpReqBytes]byte
 	var resp [tcpRespBytes]byte
 	var junk []byte

@@ -62,6 +62,9 @@ type Config struct {
 	// a call polls its socket for the node's response before parking.
 	// Zero: the client's default; negative: off.
 	ClientSpinWait time.Duration
+	// NodeSpinWait is the in-process nodes' pool.Config.SpinWait. Zero:
+	// the node's default; negative: off.
+	NodeSpinWait time.Duration
 	// Progress, when set, receives a progress bar.
 	Progress *Progress
 	// Tenant and Namespace hold the benchmark's blocks.
@@ -252,6 +255,9 @@ func startNodeWith(id string, cfg Config, sec pool.SecurityConfig) (n *pool.Node
 	pc.SecurityConfig = sec
 	// Steady state from the first round: no put pays a page's first write.
 	pc.Prefault = true
+	if cfg.NodeSpinWait != 0 {
+		pc.SpinWait = cfg.NodeSpinWait
+	}
 	n, err = pool.New(pc)
 	if err != nil {
 		return nil, nil, err

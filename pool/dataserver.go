@@ -46,6 +46,7 @@ type dataStore interface {
 	ReleaseHandle(h uint64) error
 	RemoveForce(tenant, ns, key []byte, force bool) error
 	Rekey(r *store.Reservation, key []byte) error
+	ReserveSpare(tenant, ns, key []byte, size int64) (*store.Reservation, error)
 	ValidateSize(size int64) error
 }
 
@@ -428,14 +429,15 @@ func (d *dataConn) handle() error {
 
 // reserveSpare reserves a block like the just committed one, for the
 // session's next put, and names it in resp. The session owns it: the
-// sweeper leaves it alone, and it is aborted when the session ends. No
-// spare (a full tenant, say) is no error: the next put reserves.
+// sweeper leaves it alone, and it is aborted when the session ends. A
+// spare never evicts (Store.ReserveSpare): without room for one, the next
+// put reserves, which may.
 func (d *dataConn) reserveSpare(like *store.Reservation, resp *wire.Response) {
 	if d.sess.spare != 0 || d.sess.spares == nil {
 		return // one per session
 	}
 	tenant, namespace, key := like.Name()
-	spare, err := d.s.store.Reserve([]byte(tenant), []byte(namespace), key, like.Size(), true)
+	spare, err := d.s.store.ReserveSpare([]byte(tenant), []byte(namespace), key, like.Size())
 	if err != nil {
 		return
 	}

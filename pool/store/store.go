@@ -266,6 +266,20 @@ func (s *Store) ValidateSize(size int64) error {
 // process. Errors: ErrInvalidArgument for a bad key or size,
 // ErrResourceExhausted when no free run is long enough.
 func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*Reservation, error) {
+	return s.reserve(tenant, ns, key, size, serverOwned, false)
+}
+
+// ReserveSpare is Reserve for space held ahead of a put that may not come:
+// a same-host session's next place (see pool's FlagReserveNext handling).
+// It never evicts: when the block would not fit below the tenant's quota
+// high watermark and the arena's, it fails with ErrResourceExhausted,
+// which counts as no rejection. The reservation is server-owned (the
+// session ends it).
+func (s *Store) ReserveSpare(tenant, ns, key []byte, size int64) (*Reservation, error) {
+	return s.reserve(tenant, ns, key, size, true, true)
+}
+
+func (s *Store) reserve(tenant, ns, key []byte, size int64, serverOwned, spare bool) (*Reservation, error) {
 	if err := api.ValidateKeyBytes(tenant, ns, key); err != nil {
 		return nil, err
 	}
@@ -286,6 +300,10 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 	// forget the pair under us; dropped again on failure.
 	s.mu.ns.list[nsID].refs++
 	t := s.mu.ns.list[nsID].t
+	if spare && !s.fitsWithoutEvictingLocked(t, size, pages) {
+		s.unrefNamespaceLocked(nsID)
+		return nil, api.Errorf(api.ErrResourceExhausted, "store: no room for a spare of %d bytes without evicting", size)
+	}
 	if err := s.makeRoomLocked(t, s.mu.idx.hash(nsID, key), size, pages, now, &out); err != nil {
 		s.unrefNamespaceLocked(nsID)
 		return nil, err

@@ -66,7 +66,11 @@ func TestStoreDataDriven(t *testing.T) {
 			case "reserve":
 				tenant, ns, k := key()
 				size, _ := strconv.Atoi(arg("size"))
-				r, err := s.Reserve(tenant, ns, k, int64(size), d.HasArg("server"))
+				reserve := func() (*Reservation, error) { return s.Reserve(tenant, ns, k, int64(size), d.HasArg("server")) }
+				if d.HasArg("spare") {
+					reserve = func() (*Reservation, error) { return s.ReserveSpare(tenant, ns, k, int64(size)) }
+				}
+				r, err := reserve()
 				if err != nil {
 					return errString(err)
 				}
@@ -136,6 +140,11 @@ func TestStoreDataDriven(t *testing.T) {
 					t.Fatal(err)
 				}
 				now = now.Add(dur)
+				return "ok"
+			case "rekey":
+				if err := s.Rekey(res[arg("r")], []byte(arg("key"))); err != nil {
+					return errString(err)
+				}
 				return "ok"
 			case "reclaim":
 				return fmt.Sprintf("reclaimed %d", s.ReclaimExpired(now))

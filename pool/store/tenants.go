@@ -114,6 +114,17 @@ func (s *Store) evictLocked(t *tenantState, now time.Time, out *[]evicted) bool 
 // over-quota tenants and tenants without a quota first, never a tenant
 // below its quota). It returns what it evicted and an error when the
 // reservation cannot fit. REQUIRES: s.mu.
+// fitsWithoutEvictingLocked reports whether a block of size bytes (pages
+// pages) fits for tenant t with no eviction: below its quota's high
+// watermark and the arena's. REQUIRES: s.mu.
+func (s *Store) fitsWithoutEvictingLocked(t *tenantState, size int64, pages uint32) bool {
+	if q := t.cfg.QuotaBytes; q > 0 && float64(t.storedBytes+t.reservedBytes+size) > t.cfg.High*float64(q) {
+		return false
+	}
+	a := s.mu.alloc
+	return uint64(a.pages)-a.freePages+uint64(pages) <= uint64(s.highWatermark*float64(a.pages)) && a.largestFree() >= pages
+}
+
 func (s *Store) makeRoomLocked(t *tenantState, hash uint64, size int64, pages uint32, now time.Time, out *[]evicted) error {
 	if q := t.cfg.QuotaBytes; q > 0 {
 		if size > q {

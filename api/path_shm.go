@@ -28,6 +28,9 @@ type shmPath struct {
 	pageBytes uint64
 	verify    bool // checksum every copy out of the segment
 	noCache   bool
+	// reserveAhead: the node takes FlagReserveNext and named commits
+	// (InfoResponse.reserve_ahead); an older node refuses them.
+	reserveAhead bool
 
 	// live guards the mapping: every copy in or out of the segment holds
 	// it for reading, and close takes it for writing before unmapping, so
@@ -118,6 +121,7 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 	// cannot rule out a torn copy: every cached copy is then verified.
 	s.verify = cfg.VerifySharedReads || !seqlock.Fenced
 	s.noCache = cfg.NoLocationCache
+	s.reserveAhead = info.GetReserveAhead()
 	s.stopPrefault, s.prefaulted = make(chan struct{}), make(chan struct{})
 	if cfg.MapLazily {
 		close(s.prefaulted)
@@ -492,7 +496,10 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 		return PutResult{}, err
 	}
 	res.done = true
-	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum | wire.FlagReserveNext, CRC: crc, Handle: res.handle, Replicas: copies}
+	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: res.handle, Replicas: copies}
+	if s.reserveAhead {
+		r.Flags |= wire.FlagReserveNext
+	}
 	if spared {
 		r.Tenant, r.Namespace, r.Key = []byte(k.Tenant), []byte(k.Namespace), k.Key
 	}

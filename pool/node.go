@@ -300,6 +300,7 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 		MaxKeyBytes:   api.MaxKeyBytes,
 		PageBytes:     uint64(n.cfg.PageBytes),
 		CapacityBytes: uint64(n.cfg.CapacityBytes),
+		ReserveAhead:  true,
 	}
 }
 

@@ -1771,6 +1771,11 @@ type InfoResponse struct {
 	MaxKeyBytes   uint32 `protobuf:"varint,7,opt,name=max_key_bytes,json=maxKeyBytes,proto3" json:"max_key_bytes,omitempty"`
 	PageBytes     uint64 `protobuf:"varint,8,opt,name=page_bytes,json=pageBytes,proto3" json:"page_bytes,omitempty"`
 	CapacityBytes uint64 `protobuf:"varint,9,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// Whether the node takes a same-host put in one round trip: a commit
+	// that asks (the data channel's FlagReserveNext) also reserves the
+	// session's next place, and a commit may name the block it commits. A
+	// client sends those only to a node that says so.
+	ReserveAhead  bool `protobuf:"varint,10,opt,name=reserve_ahead,json=reserveAhead,proto3" json:"reserve_ahead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1866,6 +1871,13 @@ func (x *InfoResponse) GetCapacityBytes() uint64 {
 		return x.CapacityBytes
 	}
 	return 0
+}
+
+func (x *InfoResponse) GetReserveAhead() bool {
+	if x != nil {
+		return x.ReserveAhead
+	}
+	return false
 }
 
 type ReportLoadRequest struct {
@@ -3350,7 +3362,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
 	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
 	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
-	"\vInfoRequest\"\xae\x02\n" +
+	"\vInfoRequest\"\xd3\x02\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -3362,7 +3374,9 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rmax_key_bytes\x18\a \x01(\rR\vmaxKeyBytes\x12\x1d\n" +
 	"\n" +
 	"page_bytes\x18\b \x01(\x04R\tpageBytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\"\xbd\x01\n" +
+	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\x12#\n" +
+	"\rreserve_ahead\x18\n" +
+	" \x01(\bR\freserveAhead\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +

@@ -2,10 +2,11 @@ package crc32c
 
 import "golang.org/x/sys/cpu"
 
-// castagnoliVPCLMUL is in crc32c_amd64.s.
+// castagnoliFold is in crc32c_amd64.s: mode 0 folds src only, 1 also
+// copies it into dst, 2 copies with non-temporal stores.
 //
 //go:noescape
-func castagnoliVPCLMUL(crc uint32, p []byte, k *[12]uint64) uint32
+func castagnoliFold(crc uint32, dst, src []byte, k *[12]uint64, mode uint8) uint32
 
 // hasFoldCRC reports whether this CPU runs the 512-bit folding CRC.
 var hasFoldCRC = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512DQ &&
@@ -13,16 +14,15 @@ var hasFoldCRC = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512D
 
 // foldCRC returns the raw register after p, whose length is a positive
 // multiple of 256. REQUIRES: hasFoldCRC.
-func foldCRC(crc uint32, p []byte) uint32 { return castagnoliVPCLMUL(crc, p, &foldKeys) }
-
-// castagnoliCopyVPCLMUL is in crc32c_amd64.s.
-//
-//go:noescape
-func castagnoliCopyVPCLMUL(crc uint32, dst, src []byte, k *[12]uint64, nonTemporal bool) uint32
+func foldCRC(crc uint32, p []byte) uint32 { return castagnoliFold(crc, nil, p, &foldKeys, 0) }
 
 // foldCopyCRC copies src into dst and returns the raw register after src,
 // whose length is a positive multiple of 256. REQUIRES: hasFoldCRC,
 // len(dst) >= len(src).
 func foldCopyCRC(crc uint32, dst, src []byte) uint32 {
-	return castagnoliCopyVPCLMUL(crc, dst, src, &foldKeys, nonTemporalStores(dst, len(src)))
+	mode := uint8(1)
+	if nonTemporalStores(dst, len(src)) {
+		mode = 2
+	}
+	return castagnoliFold(crc, dst, src, &foldKeys, mode)
 }

@@ -99,10 +99,10 @@ func (c *Client) PutReplicas(ctx context.Context, k BlockKey, value []byte, copi
 // round trip reserves a window of up to 64 blocks, the values are copied
 // in, and one more commits them all; over the data channel the puts of a
 // window are pipelined on one connection (their responses read after the
-// last block's bytes); over gRPC they go one after another. errs[i] is the i-th block's error (nil:
-// stored, or equal bytes already were), as Put would return it; err is
-// for the call (bad arguments, a broken session), after which blocks not
-// reported stored may or may not be.
+// last block's bytes); over gRPC they go one after another. errs[i] is
+// the i-th block's error (nil: stored, or equal bytes already were), as
+// Put would return it; err is for the call (bad arguments, a broken
+// session), after which blocks not reported stored may or may not be.
 func (c *Client) PutMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) (errs []error, err error) {
 	if len(keys) != len(values) {
 		return nil, fmt.Errorf("%w: %d keys for %d values", ErrInvalidArgument, len(keys), len(values))
@@ -305,7 +305,7 @@ func (r *Reservation) Commit(ctx context.Context) (PutResult, error) {
 	if err := r.s.mapped(func() error { crc = Checksum(r.mem); return nil }); err != nil {
 		return PutResult{}, err
 	}
-	return r.s.commit(ctx, r.handle, 0, crc)
+	return r.s.commit(ctx, r.handle, 0, crc, nil, 0, false)
 }
 
 // Abort gives the space back. It is a no-op after Commit or Abort.

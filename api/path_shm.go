@@ -67,8 +67,8 @@ type shmPath struct {
 	stopPrefault chan struct{}
 	prefaulted   chan struct{}
 	// spare is a reservation the node made ahead of this session's next
-	// put (wire.FlagReserveNext), or nil.
-	spare *spare
+	// put (wire.FlagReserveNext); handle 0 when there is none.
+	spare spare
 }
 
 // spare is a reservation reserved ahead: a put of its size into its tenant
@@ -469,39 +469,17 @@ func (s *shmPath) reserve(ctx context.Context, k BlockKey, size int) (*Reservati
 
 // commit publishes the reservation handle with crc, the checksum of the
 // bytes this client wrote (see wire.FlagWriterChecksum); copies > 1 also
-// has the node place copies on other nodes.
-func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc uint32) (PutResult, error) {
-	resp, err := s.roundTrip(ctx, &wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: handle, Replicas: copies})
-	if err != nil {
-		return PutResult{}, err
-	}
-	return PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}, nil
-}
-
-// put writes value in place: reserve (or take the spare reserved ahead),
-// copy into the segment, commit, and have the node reserve the next
-// put's spare with the commit.
-func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error) {
-	res, spared := s.takeSpare(k, len(value))
-	if !spared {
-		var err error
-		if res, err = s.reserve(ctx, k, len(value)); err != nil {
-			return PutResult{}, err
-		}
-	}
-	// The checksum is folded from the registers the copy loads: no second
-	// pass over value, no second core.
-	var crc uint32
-	if err := s.mapped(func() error { crc = crc32c.Copy(0, res.mem, value); return nil }); err != nil {
-		return PutResult{}, err
-	}
-	res.done = true
-	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: res.handle, Replicas: copies}
-	if s.reserveAhead {
+// has the node place copies on other nodes. With next set (a put's
+// commit), the node is also asked for the spare of the session's next put
+// (of next's tenant, namespace and size), and when named is set the block
+// is committed under next's key: the reservation was a spare.
+func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc uint32, next *BlockKey, size int, named bool) (PutResult, error) {
+	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: handle, Replicas: copies}
+	if next != nil && s.reserveAhead {
 		r.Flags |= wire.FlagReserveNext
 	}
-	if spared {
-		r.Tenant, r.Namespace, r.Key = []byte(k.Tenant), []byte(k.Namespace), k.Key
+	if named {
+		r.Tenant, r.Namespace, r.Key = []byte(next.Tenant), []byte(next.Namespace), next.Key
 	}
 	var out PutResult
 	err := s.session(func(c *wire.Conn) error {
@@ -510,16 +488,37 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 			return ioError(ctx, "shm commit", err)
 		}
 		if resp.Flags&wire.FlagReserved != 0 {
-			s.keepSpareLocked(&spare{tenant: k.Tenant, namespace: k.Namespace, size: len(value), handle: resp.Handle, offset: resp.Offset})
+			s.keepSpareLocked(spare{tenant: next.Tenant, namespace: next.Namespace, size: size, handle: resp.Handle, offset: resp.Offset})
 		}
-		if err != nil && spared {
+		if err != nil && named {
 			// A refused rename leaves the spare open on the node.
-			c.Queue(&wire.Request{Op: wire.OpAbort, Handle: res.handle})
+			c.Queue(&wire.Request{Op: wire.OpAbort, Handle: handle})
 		}
 		out = PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}
 		return err
 	})
 	return out, err
+}
+
+// put writes value in place: reserve (or take the spare reserved ahead),
+// copy into the segment, commit, and have the node reserve the next
+// put's spare with the commit.
+func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error) {
+	handle, mem, spared := s.takeSpare(k, len(value))
+	if !spared {
+		res, err := s.reserve(ctx, k, len(value))
+		if err != nil {
+			return PutResult{}, err
+		}
+		handle, mem = res.handle, res.mem
+	}
+	// The checksum is folded from the registers the copy loads: no second
+	// pass over value, no second core.
+	var crc uint32
+	if err := s.mapped(func() error { crc = crc32c.Copy(0, mem, value); return nil }); err != nil {
+		return PutResult{}, err
+	}
+	return s.commit(ctx, handle, copies, crc, &k, len(value), spared)
 }
 
 // putWindowBlocks bounds the blocks of a putMany reserved at once: the
@@ -613,34 +612,30 @@ func (s *shmPath) putWindow(ctx context.Context, tenant, namespace []byte, keys,
 	})
 }
 
-// takeSpare returns the spare as the reservation for a put of size bytes
-// under k when it fits, and reports whether it did. A spare that does not
-// fit is aborted (the abort rides in front of the next request): the
-// commit of this put brings one that does.
-func (s *shmPath) takeSpare(k BlockKey, size int) (*Reservation, bool) {
+// takeSpare returns the spare's handle and bytes as the place for a put
+// of size bytes under k when it fits, and reports whether it did. A spare
+// that does not fit is aborted (the abort rides in front of the next
+// request): the commit of this put brings one that does.
+func (s *shmPath) takeSpare(k BlockKey, size int) (handle uint64, mem []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sp := s.spare
-	s.spare = nil
+	s.spare = spare{}
 	switch {
-	case sp == nil || s.usableLocked() != nil:
-		return nil, false
+	case sp.handle == 0 || s.usableLocked() != nil:
+		return 0, nil, false
 	case sp.tenant != k.Tenant || sp.namespace != k.Namespace || sp.size != size:
 		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
-		return nil, false
+		return 0, nil, false
 	}
-	mem, err := s.region(sp.offset, uint64(sp.size))
-	if err != nil {
-		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
-		return nil, false
-	}
-	return &Reservation{path: s, s: s, k: k, handle: sp.handle, mem: mem}, true
+	// keepSpareLocked checked the range.
+	return sp.handle, s.mem[sp.offset : sp.offset+uint64(sp.size) : sp.offset+uint64(sp.size)], true
 }
 
 // keepSpareLocked keeps sp as the session's spare, or aborts it when
 // another put's commit already brought one. REQUIRES: s.mu.
-func (s *shmPath) keepSpareLocked(sp *spare) {
-	if _, err := s.region(sp.offset, uint64(sp.size)); err != nil || s.spare != nil {
+func (s *shmPath) keepSpareLocked(sp spare) {
+	if _, err := s.region(sp.offset, uint64(sp.size)); err != nil || s.spare.handle != 0 {
 		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
 		return
 	}

@@ -127,7 +127,8 @@ func (BearerToken) RequireTransportSecurity() bool { return false }
 // Block bytes (Put, Get, View, Reserve, Remove and their variants) move
 // over the one path Dial chose, and only over it: the node's shared memory,
 // the framed data channel, or gRPC. Control calls (Locate, Exists, Stats,
-// Fetch, Route, Plan, ReportLoad) are gRPC on every path.
+// Route, Plan, ReportLoad) are gRPC on every path; Fetch goes over the
+// data channel on every path but PathGRPC.
 type Client struct {
 	cfg   ClientConfig
 	log   *slog.Logger
@@ -136,6 +137,10 @@ type Client struct {
 	info  *kvpoolv1.InfoResponse
 	path  Path
 	bytes bytePath
+	// fetches is the data channel that Fetch frames go over (the byte
+	// path's own when it is the data channel); nil: Fetch is a gRPC call
+	// (PathGRPC, or a node without Fetch frames).
+	fetches *dataPath
 
 	holders holderClients // GetDirect's clients of other nodes
 
@@ -216,6 +221,13 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	case PathGRPC:
 		c.bytes = &grpcPath{rpc: c.rpc}
 	}
+	if c.path != PathGRPC && c.info.GetDataChannel() && c.info.GetFetchFrames() {
+		// Connections are dialed on the first Fetch.
+		var ok bool
+		if c.fetches, ok = c.bytes.(*dataPath); !ok {
+			c.fetches = newDataPath(cfg, wc)
+		}
+	}
 	return c, nil
 }
 
@@ -240,6 +252,9 @@ func (c *Client) Close() error {
 		if c.bytes != nil {
 			errs = append(errs, c.bytes.close())
 		}
+		if c.fetches != nil && c.fetches != c.bytes {
+			errs = append(errs, c.fetches.close())
+		}
 		errs = append(errs, c.cc.Close())
 		c.closeErr = errors.Join(errs...)
 	})
@@ -261,7 +276,15 @@ type FetchResult struct {
 // one it lacks from the best node holding it; then Get serves them from
 // here. timeout bounds one holder's transfer (0: the node's default). The
 // error is for the whole call; per-key outcomes are in the results.
+//
+// Fetch goes over the data channel as one frame where the node serves
+// them (InfoResponse.fetch_frames), on every path but PathGRPC: a gRPC
+// call costs about 0.3 ms more, a third of a 2 MiB block's fetch on
+// loopback.
 func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	if c.fetches != nil {
+		return c.fetches.fetch(ctx, tenant, namespace, keys, timeout)
+	}
 	resp, err := c.rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: tenant, Namespace: namespace, Keys: keys, TimeoutMs: uint32(timeout / time.Millisecond)})
 	if err != nil {
 		return nil, FromStatus(err)

@@ -4,6 +4,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+
+	"github.com/kvpool/kvpool/api/wire"
 )
 
 const (
@@ -39,6 +41,25 @@ func ValidateKey(key []byte) error {
 		return fmt.Errorf("%w: key is empty", ErrInvalidArgument)
 	case len(key) > MaxKeyBytes:
 		return fmt.Errorf("%w: key has %d bytes, more than %d", ErrInvalidArgument, len(key), MaxKeyBytes)
+	}
+	return nil
+}
+
+// ValidateChain checks a chain's tenant, namespace and keys (a Fetch, a
+// Route, a Plan): at most wire.MaxChainKeys keys, each valid. An empty
+// chain checks the names alone.
+func ValidateChain(tenant, namespace string, keys [][]byte) error {
+	if len(keys) > wire.MaxChainKeys {
+		return Errorf(ErrInvalidArgument, "pool: chain of %d keys; at most %d", len(keys), wire.MaxChainKeys)
+	}
+	t, ns := []byte(tenant), []byte(namespace)
+	for _, k := range keys {
+		if err := ValidateKeyBytes(t, ns, k); err != nil {
+			return err
+		}
+	}
+	if len(keys) == 0 {
+		return ValidateKeyBytes(t, ns, []byte("x"))
 	}
 	return nil
 }

@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/kvpool/kvpool/api/wire"
 )
@@ -179,6 +184,7 @@ func (p *dataPath) read(ctx context.Context, k BlockKey, dst []byte, l lease) ([
 		want := resp.CRC
 		if dst == nil {
 			if n > 1<<32 {
+				c.Break()
 				return ioError(ctx, "get", fmt.Errorf("node announced a %d-byte value", n))
 			}
 			dst = make([]byte, n)
@@ -230,6 +236,48 @@ func (p *dataPath) remove(ctx context.Context, tenant, namespace string, keys []
 		}
 	}
 	return errs, nil
+}
+
+// fetch makes the chain's blocks local on the node with one Fetch frame
+// (see wire/fetch.go): what Client.Fetch does over gRPC, without a
+// call's overhead.
+func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	if err := ValidateChain(tenant, namespace, keys); err != nil {
+		return nil, err
+	}
+	chain := wire.AppendChain(nil, keys)
+	var out []FetchResult
+	err := p.withConn(ctx, func(c *wire.Conn) error {
+		defer c.Bind(ctx)()
+		c.Queue(&wire.Request{Op: wire.OpFetch, Tenant: []byte(tenant), Namespace: []byte(namespace),
+			ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32))})
+		if err := c.Flush(chain); err != nil {
+			return ioError(ctx, "fetch", err)
+		}
+		resp, err := recv(ctx, c, "fetch")
+		if err != nil {
+			return err
+		}
+		if limit := wire.MaxFetchResultsBytes(len(keys)); resp.ValueLen > limit {
+			c.Break()
+			return ioError(ctx, "fetch", fmt.Errorf("node announced %d bytes of results for %d keys, more than %d", resp.ValueLen, len(keys), limit))
+		}
+		body := make([]byte, resp.ValueLen)
+		if _, err := io.ReadFull(c, body); err != nil {
+			return ioError(ctx, "fetch", err)
+		}
+		rs, err := wire.DecodeFetchResults(body, len(keys))
+		if err != nil {
+			return fmt.Errorf("%w: client: fetch: %v", ErrInternal, err)
+		}
+		out = make([]FetchResult, len(rs))
+		for i, r := range rs {
+			out[i] = FetchResult{Source: r.Source, Size: int64(min(r.Size, math.MaxInt64)), Took: r.Took,
+				Err: FromCode(codes.Code(r.Status), r.Message)}
+		}
+		return nil
+	})
+	return out, err
 }
 
 // removeWindow is how many removals one write pipelines.

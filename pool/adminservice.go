@@ -118,7 +118,7 @@ func (a *adminService) ClusterLocate(_ context.Context, req *kvpoolv1.ClusterLoc
 	if err != nil {
 		return nil, err
 	}
-	if err := validateChain(req.GetTenant(), req.GetNamespace(), req.GetKeys()); err != nil {
+	if err := api.ValidateChain(req.GetTenant(), req.GetNamespace(), req.GetKeys()); err != nil {
 		return nil, err
 	}
 	r := c.Locate(req.GetTenant(), req.GetNamespace(), req.GetKeys())

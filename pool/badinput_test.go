@@ -174,6 +174,33 @@ func TestOversizedKeyFrameClosesConnection(t *testing.T) {
 	intact(t, n, c, s)
 }
 
+// A Fetch frame whose chain is malformed or larger than any chain closes
+// the connection with InvalidArgument; the node is intact.
+func TestMalformedFetchFrameClosesConnection(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n, api.PathData)
+	s := putSentinel(t, c)
+	for name, chain := range map[string][]byte{
+		"empty key":         wire.AppendChain(nil, [][]byte{[]byte("a"), {}}),
+		"ends inside a key": wire.AppendChain(nil, [][]byte{[]byte("abc")})[:4],
+		"oversized":         nil, // declares more than MaxChainBytes
+	} {
+		t.Run(name, func(t *testing.T) {
+			raw := rawConn(t, n)
+			declared := uint64(len(chain))
+			if chain == nil {
+				declared = wire.MaxChainBytes + 1
+			}
+			raw.Write(append(wire.AppendRequest(nil, &wire.Request{Op: wire.OpFetch, Tenant: []byte("t"), Namespace: []byte("n"), ValueLen: declared}), chain...))
+			if code, msg := readStatus(t, raw); code != codes.InvalidArgument {
+				t.Fatalf("got %v %q, want InvalidArgument", code, msg)
+			}
+			expectClosed(t, raw)
+		})
+	}
+	intact(t, n, c, s)
+}
+
 func TestBlockOverMaxBlockSize(t *testing.T) {
 	n := startNode(t, func(c *Config) { c.MaxBlockBytes = 1 << 20 })
 	ctx := context.Background()

@@ -54,6 +54,7 @@ type dataStore interface {
 type dataServer struct {
 	store       dataStore
 	replicas    replicator
+	fetch       chainFetcher
 	leases      leaseLimits
 	metrics     *metrics
 	log         *slog.Logger
@@ -307,6 +308,8 @@ func (d *dataConn) authorize() error {
 		return d.s.gate.check(d.sess.caller, auth.OpWrite, string(r.Tenant))
 	case wire.OpSource, wire.OpSink:
 		return d.s.gate.check(d.sess.caller, auth.OpInfo, "")
+	case wire.OpFetch:
+		return d.s.gate.check(d.sess.caller, auth.OpPlan, string(r.Tenant))
 	}
 	// Release, Commit and Abort act on what this session pinned or
 	// reserved, which was checked then; still, they are no business of a
@@ -352,6 +355,8 @@ func (d *dataConn) handle() error {
 		return d.source()
 	case wire.OpSink:
 		return d.sink()
+	case wire.OpFetch:
+		return d.fetchChain()
 	case wire.OpView:
 		pin, err := d.acquire()
 		if err != nil {
@@ -591,6 +596,53 @@ func (d *dataConn) put() error {
 	}
 	d.s.metrics.dataOp(wire.OpPut, api.Code(err))
 	return d.respond(err, committed(cr, 0))
+}
+
+// fetchChain serves a Fetch frame: it reads the chain, makes its blocks
+// local as the gRPC Fetch does, and answers with a result per key.
+func (d *dataConn) fetchChain() error {
+	r := &d.req
+	if r.ValueLen > wire.MaxChainBytes {
+		// We cannot skip a value we will not read.
+		err := api.Errorf(api.ErrInvalidArgument, "pool: a %d-byte chain; at most %d", r.ValueLen, wire.MaxChainBytes)
+		d.s.metrics.dataOp(wire.OpFetch, codes.InvalidArgument)
+		d.respondClose(err)
+		return err
+	}
+	v := make([]byte, r.ValueLen)
+	if _, err := io.ReadFull(d.br, v); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("chain: %w", err)
+	}
+	keys, err := wire.DecodeChain(v)
+	if err != nil {
+		d.s.metrics.dataOp(wire.OpFetch, codes.InvalidArgument)
+		d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
+		return err
+	}
+	// Pulling from peers takes as long as it takes (the fetch's timeout
+	// bounds it), not the connection's I/O deadline.
+	d.c.SetDeadline(time.Time{})
+	res, err := d.s.fetch.Fetch(d.ctx, string(r.Tenant), string(r.Namespace), keys, time.Duration(r.TimeoutMs)*time.Millisecond)
+	d.s.metrics.dataOp(wire.OpFetch, api.Code(err))
+	d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
+	if err != nil {
+		return d.respondErr(err)
+	}
+	out := make([]wire.FetchResult, len(res))
+	for i, fr := range res {
+		out[i] = wire.FetchResult{Status: uint8(api.Code(fr.Err)), Source: fr.Source, Size: uint64(max(fr.Size, 0)), Took: fr.Took}
+		if fr.Err != nil {
+			out[i].Message = fr.Err.Error()
+		}
+	}
+	body := wire.AppendFetchResults(nil, out)
+	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: uint64(len(body))})
+	bufs := net.Buffers{d.hdr, body}
+	_, err = bufs.WriteTo(d.c)
+	return err
 }
 
 // benchFrame refuses a source or sink frame the node does not serve: all

@@ -93,7 +93,7 @@ func newPeerPool(tlsFor func(addr string) *tls.Config, token string) *wire.Pool 
 // (api.PullFromHolders, the loop GetDirect uses too).
 // Errors per key: ErrNotFound (no holder), ErrUnavailable, ErrDataLoss.
 func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]api.FetchResult, error) {
-	if err := validateChain(tenant, namespace, keys); err != nil {
+	if err := api.ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
 	if timeout <= 0 {
@@ -311,7 +311,7 @@ func releaseOn(pc *wire.Conn, pins []peerPin) {
 // read blocks from their holders itself. A standalone node knows only
 // itself.
 func (f *fetcher) Route(tenant, namespace string, keys [][]byte) ([][]api.Holder, error) {
-	if err := validateChain(tenant, namespace, keys); err != nil {
+	if err := api.ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
 	exists, err := f.store.Exists([]byte(tenant), []byte(namespace), keys)
@@ -333,21 +333,4 @@ func (f *fetcher) Route(tenant, namespace string, keys [][]byte) ([][]api.Holder
 		}
 	}
 	return out, nil
-}
-
-// validateChain checks a chain's names and keys, and its length.
-func validateChain(tenant, namespace string, keys [][]byte) error {
-	if len(keys) > 1<<16 {
-		return api.Errorf(api.ErrInvalidArgument, "pool: chain of %d keys; at most 65536", len(keys))
-	}
-	t, ns := []byte(tenant), []byte(namespace)
-	for _, k := range keys {
-		if err := api.ValidateKeyBytes(t, ns, k); err != nil {
-			return err
-		}
-	}
-	if len(keys) == 0 {
-		return api.ValidateKeyBytes([]byte(tenant), []byte(namespace), []byte("x"))
-	}
-	return nil
 }

@@ -241,7 +241,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
-		store: n.store, replicas: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
+		store: n.store, replicas: n.fetcher, fetch: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
 		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: wire.NewSpinners(), hello: n.hello,
 		gate: n.gate, grants: n.grants,
 	}
@@ -301,6 +301,7 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 		PageBytes:     uint64(n.cfg.PageBytes),
 		CapacityBytes: uint64(n.cfg.CapacityBytes),
 		ReserveAhead:  true,
+		FetchFrames:   true,
 	}
 }
 

@@ -104,7 +104,7 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	if q.BlockTokens == 0 {
 		q.BlockTokens = cfg.BlockTokens
 	}
-	if err := validateChain(q.Tenant, q.Namespace, q.Keys); err != nil {
+	if err := api.ValidateChain(q.Tenant, q.Namespace, q.Keys); err != nil {
 		return PlanAnswer{}, err
 	}
 	switch {

@@ -287,6 +287,22 @@ func dataFrames() map[string]func(ctx context.Context, c *wire.Conn) error {
 			_, err := c.RoundTrip(ctx, &wire.Request{Op: wire.OpCommit, Handle: 12345})
 			return err
 		},
+		"data.Fetch": func(ctx context.Context, c *wire.Conn) error {
+			// A standalone node answers a chain it lacks with a result
+			// per key (NotFound): the frame itself succeeds.
+			chain := wire.AppendChain(nil, [][]byte{[]byte("absent")})
+			r := key(wire.OpFetch)
+			r.Key, r.ValueLen = nil, uint64(len(chain))
+			c.Queue(r)
+			if err := c.Flush(chain); err == nil {
+				if _, err = c.Recv(); err != nil {
+					return err
+				}
+				return c.Discard(c.Response().ValueLen)
+			}
+			_, err := c.Recv()
+			return err
+		},
 		"data.Put": func(ctx context.Context, c *wire.Conn) error {
 			r := key(wire.OpPut)
 			r.ValueLen, r.Flags = 1, wire.FlagChecksum
@@ -327,7 +343,7 @@ func TestAccessTable(t *testing.T) {
 	tenantOnly := []string{"admin.ListNodes", "admin.ClusterLocate", "admin.ListBlocks", "admin.ClusterStats", "admin.ListLinks",
 		"admin.GetPolicy", "admin.ListPolicies", "admin.SetPolicy", "admin.DeletePolicy", "transfer.Read"}
 	acmesBlocks := []string{"Put", "Get", "BatchPut", "BatchGet", "Exists", "Locate", "Remove", "Fetch", "Route", "Estimate", "Plan",
-		"data.Get", "data.View", "data.Remove", "data.Reserve", "data.Put"}
+		"data.Get", "data.View", "data.Remove", "data.Reserve", "data.Put", "data.Fetch"}
 	want := func(c caller, call string) string {
 		switch {
 		case call == "health.Check":

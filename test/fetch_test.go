@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/pool"
 	"github.com/kvpool/kvpool/test/cluster"
@@ -341,4 +343,94 @@ func TestGetDirectReadsFromTheHolders(t *testing.T) {
 	if !errors.Is(res[0].Err, api.ErrUnavailable) && !errors.Is(res[0].Err, api.ErrNotFound) {
 		t.Fatalf("a block whose only holder died: %v, want Unavailable or NotFound", res[0].Err)
 	}
+}
+
+// A Fetch over the data channel (one frame, every path but gRPC) says what
+// the gRPC Fetch says: where each block came from, its size, how long the
+// fetch took, and why a block could not be had; and it is served as a
+// data-channel frame, not as a gRPC call.
+func TestFetchFramesAgreeWithTheGRPCFetch(t *testing.T) {
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	c := cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		pc.Registerer, pc.Gatherer = regs[i], regs[i]
+	}})
+	keys := chainKeys(t, 31, 4)
+	putBlocks(t, c.Client(0, api.PathData), keys, 64<<10+5)
+	c.Converged(10 * time.Second)
+	ctx := context.Background()
+	absent := []byte("no-such-block")
+	viaGRPC, err := c.Client(1, api.PathGRPC).Fetch(ctx, "acme", "llama3-8b", keys[:2], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []api.Path{api.PathData, api.PathShm} {
+		t.Run(path.String(), func(t *testing.T) {
+			before := fetchesServed(t, regs[1])
+			res, err := c.Client(1, path).Fetch(ctx, "acme", "llama3-8b", append(slices.Clone(keys), absent), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res) != 5 {
+				t.Fatalf("%d results for 5 keys", len(res))
+			}
+			for i, r := range res[:4] {
+				// The first two were made local by the gRPC Fetch; the
+				// others are pulled now (by the first path that asks).
+				if r.Err != nil || r.Size != 0 && r.Size != 64<<10+5 {
+					t.Fatalf("block %d: %+v", i, r)
+				}
+				pulled := i >= 2 && path == api.PathData
+				if !pulled && (r.Source != "" || r.Took != 0) {
+					t.Fatalf("block %d was local, the result says %+v", i, r)
+				}
+				if pulled && (r.Source != "node-0" || r.Took <= 0) {
+					t.Fatalf("block %d was pulled, the result says %+v", i, r)
+				}
+			}
+			if !errors.Is(res[4].Err, api.ErrNotFound) || !strings.Contains(res[4].Err.Error(), "no live node holds") {
+				t.Fatalf("an absent block: %+v", res[4])
+			}
+			after := fetchesServed(t, regs[1])
+			if after["data"] != before["data"]+1 || after["grpc"] != before["grpc"] {
+				t.Fatalf("fetches served before %v, after %v: want one more data frame and no gRPC call", before, after)
+			}
+		})
+	}
+	for i, r := range viaGRPC {
+		if r.Err != nil || r.Source != "node-0" || r.Size != 64<<10+5 || r.Took <= 0 {
+			t.Fatalf("gRPC fetch of block %d: %+v", i, r)
+		}
+	}
+	// Both doors refuse an invalid chain alike, before anything moves.
+	bad := [][]byte{keys[0], bytes.Repeat([]byte{1}, api.MaxKeyBytes+1)}
+	for _, path := range []api.Path{api.PathGRPC, api.PathData} {
+		if _, err := c.Client(1, path).Fetch(ctx, "acme", "llama3-8b", bad, 0); !errors.Is(err, api.ErrInvalidArgument) {
+			t.Errorf("%v: a chain with an oversized key: %v, want InvalidArgument", path, err)
+		}
+	}
+}
+
+// fetchesServed counts the Fetches a node served, by door (grpc, data).
+func fetchesServed(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvpool_pool_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if strings.EqualFold(labels["op"], "fetch") {
+				out[labels["path"]] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }

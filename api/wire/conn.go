@@ -147,6 +147,10 @@ func (c *Conn) Close() error { return c.nc.Close() }
 // the node did not announce that it closes the connection.
 func (c *Conn) Usable() bool { return !c.failed && !c.closing }
 
+// Break marks the stream out of step (a response the caller will not
+// read to its end): the Conn is no longer Usable, so Pool.Put closes it.
+func (c *Conn) Break() { c.failed = true }
+
 // reset clears the closing flag and any unsent requests before the Conn
 // is handed to its next caller (Pool.Get does it).
 func (c *Conn) reset() { c.closing = false; c.out = c.out[:0] }

@@ -142,13 +142,16 @@ const (
 	OpCommit
 	// OpAbort abandons the reservation Handle. It has no response.
 	OpAbort
+	// OpFetch makes a chain of blocks local, pulling from peers what the
+	// node lacks (see fetch.go for its value and its response's).
+	OpFetch
 	opCount
 )
 
 // NumOps bounds Op values: every valid op is below it.
 const NumOps = int(opCount)
 
-var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort"}
+var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort", "fetch"}
 
 func (o Op) String() string {
 	if o < opCount {
@@ -218,7 +221,10 @@ type Request struct {
 	// LeaseMs is the read lease a Get or View with FlagLease asks for, in
 	// milliseconds (0: the node's default). It shares the header field
 	// with Replicas: no op carries both.
-	LeaseMs   uint32
+	LeaseMs uint32
+	// TimeoutMs bounds each holder's transfer of a Fetch, in milliseconds
+	// (0: the node's default). It shares the header field too.
+	TimeoutMs uint32
 	ValueLen  uint64
 	Handle    uint64
 	Tenant    []byte
@@ -238,7 +244,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	h[3] = byte(len(r.Namespace))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(r.Key)))
 	binary.LittleEndian.PutUint32(h[8:], r.CRC)
-	binary.LittleEndian.PutUint32(h[12:], r.Replicas|r.LeaseMs)
+	binary.LittleEndian.PutUint32(h[12:], r.Replicas|r.LeaseMs|r.TimeoutMs)
 	binary.LittleEndian.PutUint64(h[16:], r.ValueLen)
 	binary.LittleEndian.PutUint64(h[24:], r.Handle)
 	b = append(b, h[:]...)
@@ -260,7 +266,7 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 	kl := int(binary.LittleEndian.Uint16(h[4:]))
 	r.CRC = binary.LittleEndian.Uint32(h[8:])
 	arg := binary.LittleEndian.Uint32(h[12:])
-	r.Replicas, r.LeaseMs = 0, 0
+	r.Replicas, r.LeaseMs, r.TimeoutMs = 0, 0, 0
 	r.ValueLen = binary.LittleEndian.Uint64(h[16:])
 	r.Handle = binary.LittleEndian.Uint64(h[24:])
 	switch {
@@ -270,6 +276,8 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 		return 0, fmt.Errorf("%w: flags %#x on a %v request", ErrProtocol, r.Flags, r.Op)
 	case r.Op == OpPut || r.Op == OpCommit:
 		r.Replicas = arg
+	case r.Op == OpFetch:
+		r.TimeoutMs = arg
 	case r.Flags&FlagLease != 0:
 		r.LeaseMs = arg
 	case arg != 0:

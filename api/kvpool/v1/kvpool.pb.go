@@ -1775,7 +1775,10 @@ type InfoResponse struct {
 	// that asks (the data channel's FlagReserveNext) also reserves the
 	// session's next place, and a commit may name the block it commits. A
 	// client sends those only to a node that says so.
-	ReserveAhead  bool `protobuf:"varint,10,opt,name=reserve_ahead,json=reserveAhead,proto3" json:"reserve_ahead,omitempty"`
+	ReserveAhead bool `protobuf:"varint,10,opt,name=reserve_ahead,json=reserveAhead,proto3" json:"reserve_ahead,omitempty"`
+	// Whether the data channel serves Fetch frames: a client then fetches
+	// over it instead of the gRPC Fetch, which costs a call's overhead.
+	FetchFrames   bool `protobuf:"varint,11,opt,name=fetch_frames,json=fetchFrames,proto3" json:"fetch_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1876,6 +1879,13 @@ func (x *InfoResponse) GetCapacityBytes() uint64 {
 func (x *InfoResponse) GetReserveAhead() bool {
 	if x != nil {
 		return x.ReserveAhead
+	}
+	return false
+}
+
+func (x *InfoResponse) GetFetchFrames() bool {
+	if x != nil {
+		return x.FetchFrames
 	}
 	return false
 }
@@ -3362,7 +3372,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
 	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
 	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
-	"\vInfoRequest\"\xd3\x02\n" +
+	"\vInfoRequest\"\xf6\x02\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -3376,7 +3386,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"page_bytes\x18\b \x01(\x04R\tpageBytes\x12%\n" +
 	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\x12#\n" +
 	"\rreserve_ahead\x18\n" +
-	" \x01(\bR\freserveAhead\"\xbd\x01\n" +
+	" \x01(\bR\freserveAhead\x12!\n" +
+	"\ffetch_frames\x18\v \x01(\bR\vfetchFrames\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +

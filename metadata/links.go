@@ -30,10 +30,12 @@ type LinkRecord struct {
 	// it is still the configured seed, not a measurement. ≥ 0.
 	Samples int64 `json:"samples"`
 	// FixedMicros is what one fetch over the link costs beyond its round
-	// trip and bytes, and PerBlockMicros what each block adds, in
+	// trip and bytes, PerBlockMicros what each block adds, and
+	// PerDoublingMicros what each doubling of the chain adds, in
 	// microseconds (fractions kept). Finite and ≥ 0.
-	FixedMicros    float64 `json:"fixed_us,omitempty"`
-	PerBlockMicros float64 `json:"per_block_us,omitempty"`
+	FixedMicros       float64 `json:"fixed_us,omitempty"`
+	PerBlockMicros    float64 `json:"per_block_us,omitempty"`
+	PerDoublingMicros float64 `json:"per_doubling_us,omitempty"`
 	// FetchBytesPerSecond is the rate whole fetches moved bytes at (the
 	// same fit); 0: not published (an older node), use BytesPerSecond.
 	// Finite and ≥ 0.
@@ -66,9 +68,9 @@ func (r *LinkRecord) validate() error {
 	if r.Samples < 0 {
 		errs = append(errs, fmt.Errorf("peer %q: %d samples: want ≥ 0", r.Peer, r.Samples))
 	}
-	for _, v := range []float64{r.FixedMicros, r.PerBlockMicros, r.FetchBytesPerSecond} {
+	for _, v := range []float64{r.FixedMicros, r.PerBlockMicros, r.PerDoublingMicros, r.FetchBytesPerSecond} {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-			errs = append(errs, fmt.Errorf("peer %q: fixed cost, per-block cost or fetch rate %v: want finite and ≥ 0", r.Peer, v))
+			errs = append(errs, fmt.Errorf("peer %q: fixed cost, per-block cost, per-doubling cost or fetch rate %v: want finite and ≥ 0", r.Peer, v))
 		}
 	}
 	return errors.Join(errs...)

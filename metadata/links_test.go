@@ -76,6 +76,11 @@ func TestLinkRecordValidate(t *testing.T) {
 		{"-Inf", LinkRecord{Peer: "b", BytesPerSecond: math.Inf(-1)}, false},
 		{"negative bps", LinkRecord{Peer: "b", BytesPerSecond: -0.5}, false},
 		{"negative rtt", LinkRecord{Peer: "b", RTTMicros: -1}, false},
+		{"fetch costs", LinkRecord{Peer: "b", FixedMicros: 250, PerBlockMicros: 13.5, PerDoublingMicros: 150, FetchBytesPerSecond: 4e9}, true},
+		{"negative fixed", LinkRecord{Peer: "b", FixedMicros: -1}, false},
+		{"negative per block", LinkRecord{Peer: "b", PerBlockMicros: -1}, false},
+		{"negative per doubling", LinkRecord{Peer: "b", PerDoublingMicros: -1}, false},
+		{"NaN per doubling", LinkRecord{Peer: "b", PerDoublingMicros: math.NaN()}, false},
 		{"bad peer", LinkRecord{Peer: "b/c"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

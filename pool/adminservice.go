@@ -232,7 +232,7 @@ func linkStatus(e transfer.Estimate, now time.Time) *kvpoolv1.LinkStatus {
 	}
 	return &kvpoolv1.LinkStatus{Peer: e.Peer, BytesPerSecond: e.BytesPerSecond, RttSeconds: e.RTT.Seconds(),
 		BandwidthSamples: uint64(e.Samples), RttSamples: uint64(e.RTTSamples), Bytes: uint64(e.Bytes), IdleSeconds: idle,
-		FixedSeconds: e.Fixed.Seconds(), PerBlockSeconds: e.PerBlock.Seconds(), FitSamples: uint64(e.FitSamples)}
+		FixedSeconds: e.Fixed.Seconds(), PerBlockSeconds: e.PerBlock.Seconds(), PerDoublingSeconds: e.PerDoubling.Seconds(), FitSamples: uint64(e.FitSamples)}
 }
 
 func (a *adminService) SetPolicy(ctx context.Context, req *kvpoolv1.SetPolicyRequest) (*kvpoolv1.SetPolicyResponse, error) {

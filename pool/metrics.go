@@ -210,10 +210,11 @@ type linkCollector struct {
 }
 
 var (
-	descLinkBW  = prometheus.NewDesc("kvpool_transfer_link_bandwidth_bytes_per_second", "Estimated bandwidth from a peer.", []string{"peer"}, nil)
-	descLinkRTT = prometheus.NewDesc("kvpool_transfer_link_rtt_seconds", "Estimated round trip to a peer.", []string{"peer"}, nil)
-	descLinkFix = prometheus.NewDesc("kvpool_transfer_link_fetch_fixed_seconds", "What one fetch from a peer costs beyond its round trip and bytes (pins, reserve, commit, publish), fitted over recent fetches.", []string{"peer"}, nil)
-	descLinkPer = prometheus.NewDesc("kvpool_transfer_link_fetch_per_block_seconds", "What each block of a fetch from a peer adds beyond its bytes, fitted over recent fetches.", []string{"peer"}, nil)
+	descLinkBW       = prometheus.NewDesc("kvpool_transfer_link_bandwidth_bytes_per_second", "Estimated bandwidth from a peer.", []string{"peer"}, nil)
+	descLinkRTT      = prometheus.NewDesc("kvpool_transfer_link_rtt_seconds", "Estimated round trip to a peer.", []string{"peer"}, nil)
+	descLinkFix      = prometheus.NewDesc("kvpool_transfer_link_fetch_fixed_seconds", "What one fetch from a peer costs beyond its round trip and bytes (pins, reserve, commit, publish), fitted over recent fetches.", []string{"peer"}, nil)
+	descLinkPer      = prometheus.NewDesc("kvpool_transfer_link_fetch_per_block_seconds", "What each block of a fetch from a peer adds beyond its bytes, fitted over recent fetches.", []string{"peer"}, nil)
+	descLinkDoubling = prometheus.NewDesc("kvpool_transfer_link_fetch_per_doubling_seconds", "What each doubling of a fetch's chain adds (the work its blocks share), fitted over recent fetches.", []string{"peer"}, nil)
 )
 
 func (lc *linkCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -221,6 +222,7 @@ func (lc *linkCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLinkRTT
 	ch <- descLinkFix
 	ch <- descLinkPer
+	ch <- descLinkDoubling
 }
 
 func (lc *linkCollector) Collect(ch chan<- prometheus.Metric) {
@@ -229,6 +231,7 @@ func (lc *linkCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLinkRTT, prometheus.GaugeValue, e.RTT.Seconds(), e.Peer)
 		ch <- prometheus.MustNewConstMetric(descLinkFix, prometheus.GaugeValue, e.Fixed.Seconds(), e.Peer)
 		ch <- prometheus.MustNewConstMetric(descLinkPer, prometheus.GaugeValue, e.PerBlock.Seconds(), e.Peer)
+		ch <- prometheus.MustNewConstMetric(descLinkDoubling, prometheus.GaugeValue, e.PerDoubling.Seconds(), e.Peer)
 	}
 }
 
@@ -239,7 +242,8 @@ func linkRecords(estimates []transfer.Estimate, self string) []metadata.LinkReco
 	for _, e := range estimates {
 		if e.Peer != self {
 			out = append(out, metadata.LinkRecord{Peer: e.Peer, BytesPerSecond: e.BytesPerSecond, RTTMicros: e.RTT.Microseconds(), Samples: e.Samples,
-				FixedMicros: float64(e.Fixed) / 1e3, PerBlockMicros: float64(e.PerBlock) / 1e3, FetchBytesPerSecond: e.FetchBytesPerSecond})
+				FixedMicros: float64(e.Fixed) / 1e3, PerBlockMicros: float64(e.PerBlock) / 1e3, PerDoublingMicros: float64(e.PerDoubling) / 1e3,
+				FetchBytesPerSecond: e.FetchBytesPerSecond})
 		}
 	}
 	return out

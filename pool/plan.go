@@ -257,15 +257,15 @@ func (p *planner) link(from, to string, now time.Time, whatIf float64) (cost.Lin
 	if to == p.self {
 		e := p.links.Estimate(from, now)
 		// Plans price fetches as fetches ran: the fit's rate and costs.
-		l, measured = cost.Link{BytesPerSecond: e.FetchBytesPerSecond, RTT: e.RTT, Fixed: e.Fixed, PerBlock: e.PerBlock}, e.Samples > 0
+		l, measured = cost.Link{BytesPerSecond: e.FetchBytesPerSecond, RTT: e.RTT, Fixed: e.Fixed, PerBlock: e.PerBlock, PerDoubling: e.PerDoubling}, e.Samples > 0
 	} else if rec, ok := p.publishedLink(from, to); ok {
 		l = cost.Link{BytesPerSecond: rec.BytesPerSecond, RTT: time.Duration(rec.RTTMicros) * time.Microsecond,
-			Fixed: time.Duration(rec.FixedMicros * 1e3), PerBlock: time.Duration(rec.PerBlockMicros * 1e3)}
+			Fixed: time.Duration(rec.FixedMicros * 1e3), PerBlock: time.Duration(rec.PerBlockMicros * 1e3), PerDoubling: time.Duration(rec.PerDoublingMicros * 1e3)}
 		measured = rec.Samples > 0
 		if rec.FetchBytesPerSecond > 0 {
 			l.BytesPerSecond = rec.FetchBytesPerSecond
 		}
-		if rec.FixedMicros == 0 && rec.PerBlockMicros == 0 {
+		if rec.FixedMicros == 0 && rec.PerBlockMicros == 0 && rec.PerDoublingMicros == 0 {
 			// An older node's record: the seed's fetch costs.
 			l.Fixed, l.PerBlock = p.links.SeedCosts()
 		}

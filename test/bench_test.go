@@ -369,12 +369,25 @@ func BenchmarkFetchPrediction(b *testing.B) {
 		slices.Sort(p)
 		b.Logf("%2d blocks: the daemon's fetch took p10 %.2f ms, p50 %.2f, p90 %.2f; predicted p50 %.2f ms", n, 1e3*t[len(t)/10], 1e3*t[len(t)/2], 1e3*t[len(t)*9/10], 1e3*p[len(p)/2])
 	}
+	// The floor noise sets: a predictor that knew each chain's median
+	// fetch time, and said it every time, would be off by this much.
+	var floor []float64
+	for _, n := range lengths {
+		t := slices.Clone(tookBy[n])
+		slices.Sort(t)
+		for _, x := range t {
+			floor = append(floor, math.Abs(t[len(t)/2]-x)/x)
+		}
+	}
+	slices.Sort(floor)
+	b.Logf("noise floor: a prediction of each chain's median fetch time is off by a median %.1f%%", 100*floor[len(floor)/2])
+	b.ReportMetric(100*floor[len(floor)/2], "noise-floor-err-%")
 	ad := abs(allDaemon)
 	b.ReportMetric(100*ad[len(ad)/2], "daemon-median-err-%")
 	b.ReportMetric(100*ad[len(ad)-1], "daemon-worst-err-%")
 	a := abs(all)
 	e := c.Nodes[1].Node.Links().Estimate(c.Nodes[0].ID, time.Now())
-	b.Logf("link node-0 → node-1: %.2f GB/s, rtt %v, fixed %v, per block %v (%d fetches fitted)", e.BytesPerSecond/1e9, e.RTT, e.Fixed, e.PerBlock, e.FitSamples)
+	b.Logf("link node-0 → node-1: %.2f GB/s, rtt %v, fixed %v, per block %v, per doubling %v (%d fetches fitted)", e.BytesPerSecond/1e9, e.RTT, e.Fixed, e.PerBlock, e.PerDoubling, e.FitSamples)
 	b.ReportMetric(100*a[len(a)/2], "median-err-%")
 	b.ReportMetric(100*a[len(a)-1], "worst-err-%")
 }

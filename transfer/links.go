@@ -99,16 +99,22 @@ type link struct {
 
 // fetchFit models a whole fetch from the link as
 //
-//	d = rtt + fixed + perBlock·blocks + perByte·bytes
+//	d = rtt + fixed + perBlock·blocks + perDoubling·log2(blocks) + perByte·bytes
 //
 // by least squares of the relative error over the last fitWindow
-// fetches (a 1-block fetch counts as much as a 64-block one), regularized toward a prior with the weight of a quarter of a
-// fetch: the seeds for fixed and perBlock, the link's streaming bandwidth
-// for perByte. With blocks of one size, blocks and bytes say the same, and
-// the prior splits the cost between them; the prediction is as good. No
-// term goes negative: one that would is held at 0 and the others refitted.
-// The round trip is subtracted with its estimate at fit time, so a fit
-// always agrees with the round trip it is added to.
+// fetches (a 1-block fetch counts as much as a 64-block one),
+// regularized toward a prior with the weight of a quarter of a fetch: the
+// seeds for fixed and perBlock, 0 for perDoubling, the link's streaming
+// bandwidth for perByte. perDoubling is what a fetch pays each time its
+// chain doubles: a chain's blocks share the pins, the connections'
+// start and the commits, so each block of a long chain costs less than
+// one of a short chain (measured: 0.7 ms a block from 1 to 4 blocks, 0.45
+// from 16 to 64), a concave curve a line cannot follow. With blocks of
+// one size, blocks and bytes say the same, and the prior splits the cost
+// between them; the prediction is as good. No term goes negative: one
+// that would is held at 0 and the others refitted. The round trip is
+// subtracted with its estimate at fit time, so a fit always agrees with
+// the round trip it is added to.
 type fetchFit struct {
 	seed    [2]float64 // fixed, perBlock, seconds
 	obs     [fitWindow][3]float64
@@ -118,15 +124,35 @@ type fetchFit struct {
 	// far more often than fetches change it.
 	solved      bool
 	solvedFor   [2]float64 // rtt, bw
-	solvedTheta [3]float64
+	solvedTheta fitTerms
+}
+
+// fitTerms are the fit's terms, in seconds per unit of fetchShape's:
+// fixed, perBlock, perDoubling, perByte.
+type fitTerms [4]float64
+
+// fetchShape is what each term of a fetch of blocks blocks and n bytes
+// is multiplied by.
+func fetchShape(blocks float64, n float64) fitTerms {
+	return fitTerms{1, blocks, math.Log2(max(blocks, 1)), n}
+}
+
+// predict is the fit's duration, beyond the round trip, of a fetch of
+// blocks blocks and n bytes.
+func (t fitTerms) predict(blocks float64, n float64) float64 {
+	x, d := fetchShape(blocks, n), 0.0
+	for i := range t {
+		d += t[i] * x[i]
+	}
+	return d
 }
 
 // fitWindow is how many recent fetches the fit weighs.
 const fitWindow = 32
 
-// fitScale puts the fit's three terms on one scale: a fetch of 16 blocks
-// of 2 MiB.
-var fitScale = [3]float64{1, 16, 32 << 20}
+// fitScale puts the fit's terms on one scale: a fetch of 16 blocks of
+// 2 MiB.
+var fitScale = fetchShape(16, 32<<20)
 
 func newFit(fixed, perBlock time.Duration) fetchFit {
 	return fetchFit{seed: [2]float64{fixed.Seconds(), perBlock.Seconds()}}
@@ -142,12 +168,12 @@ func (f *fetchFit) observe(blocks int, n int64, d float64) {
 	f.solved = false
 }
 
-// solve returns (fixed, perBlock, perByte) given the link's round trip and
-// streaming bandwidth now.
+// solve returns the terms given the link's round trip and streaming
+// bandwidth now.
 //
 // REQUIRES: the Links' mutex (it caches its answer).
-func (f *fetchFit) solve(rtt, bw float64) [3]float64 {
-	prior := [3]float64{f.seed[0], f.seed[1], 1 / bw}
+func (f *fetchFit) solve(rtt, bw float64) fitTerms {
+	prior := fitTerms{f.seed[0], f.seed[1], 0, 1 / bw}
 	if f.n == 0 {
 		return prior
 	}
@@ -160,8 +186,11 @@ func (f *fetchFit) solve(rtt, bw float64) [3]float64 {
 }
 
 // solveFree fits the terms, holding at 0 each that would go negative.
-func (f *fetchFit) solveFree(rtt float64, prior [3]float64) [3]float64 {
-	free := [3]bool{true, true, true}
+func (f *fetchFit) solveFree(rtt float64, prior fitTerms) fitTerms {
+	var free [len(fitTerms{})]bool
+	for i := range free {
+		free[i] = true
+	}
 	for {
 		theta := f.fit(rtt, prior, free)
 		worst := -1
@@ -180,66 +209,75 @@ func (f *fetchFit) solveFree(rtt float64, prior [3]float64) [3]float64 {
 // fit solves the weighted, regularized normal equations for the free
 // terms, the others held at 0. Terms are scaled by fitScale so the
 // regularization weighs each alike.
-func (f *fetchFit) fit(rtt float64, prior [3]float64, free [3]bool) [3]float64 {
+func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool) fitTerms {
+	const terms = len(fitTerms{})
 	// Errors count relative to each fetch's duration, so short fetches
 	// weigh as much as long ones; the prior's, relative to the duration
 	// of the fitScale fetch it predicts.
 	const w = 0.25
-	ref := prior[0] + fitScale[1]*prior[1] + fitScale[2]*prior[2]
-	var m [3][3]float64
-	var r [3]float64
-	for i := range 3 {
+	ref := prior.predict(fitScale[1], fitScale[3])
+	var m [terms][terms]float64
+	var r fitTerms
+	for i := range terms {
 		m[i][i] = w / (ref * ref)
 		r[i] = w * prior[i] * fitScale[i] / (ref * ref)
 	}
 	for k := range f.n {
 		o := f.obs[k]
-		x := [3]float64{1 / fitScale[0], o[0] / fitScale[1], o[1] / fitScale[2]}
+		x := fetchShape(o[0], o[1])
+		for i := range x {
+			x[i] /= fitScale[i]
+		}
 		y := o[2] - rtt
 		wk := 1 / max(o[2]*o[2], 1e-12)
-		for i := range 3 {
-			for j := range 3 {
+		for i := range terms {
+			for j := range terms {
 				m[i][j] += wk * x[i] * x[j]
 			}
 			r[i] += wk * x[i] * y
 		}
 	}
-	for i := range 3 {
+	for i := range terms {
 		if !free[i] {
-			for j := range 3 {
+			for j := range terms {
 				m[i][j], m[j][i] = 0, 0
 			}
 			m[i][i], r[i] = 1, 0
 		}
 	}
-	z := solve3(m, r)
-	return [3]float64{z[0] / fitScale[0], z[1] / fitScale[1], z[2] / fitScale[2]}
+	z := solveLinear(m, r)
+	for i := range z {
+		z[i] /= fitScale[i]
+	}
+	return z
 }
 
-// solve3 solves m·z = r by Gaussian elimination with partial pivoting; m
-// is symmetric positive definite here (the regularization sees to it).
-func solve3(m [3][3]float64, r [3]float64) [3]float64 {
-	for c := range 3 {
+// solveLinear solves m·z = r by Gaussian elimination with partial
+// pivoting; m is symmetric positive definite here (the regularization
+// sees to it).
+func solveLinear(m [len(fitTerms{})][len(fitTerms{})]float64, r fitTerms) fitTerms {
+	const n = len(fitTerms{})
+	for c := range n {
 		p := c
-		for i := c + 1; i < 3; i++ {
+		for i := c + 1; i < n; i++ {
 			if math.Abs(m[i][c]) > math.Abs(m[p][c]) {
 				p = i
 			}
 		}
 		m[c], m[p] = m[p], m[c]
 		r[c], r[p] = r[p], r[c]
-		for i := c + 1; i < 3; i++ {
+		for i := c + 1; i < n; i++ {
 			f := m[i][c] / m[c][c]
-			for j := c; j < 3; j++ {
+			for j := c; j < n; j++ {
 				m[i][j] -= f * m[c][j]
 			}
 			r[i] -= f * r[c]
 		}
 	}
-	var z [3]float64
-	for i := 2; i >= 0; i-- {
+	var z fitTerms
+	for i := n - 1; i >= 0; i-- {
 		v := r[i]
-		for j := i + 1; j < 3; j++ {
+		for j := i + 1; j < n; j++ {
 			v -= m[i][j] * z[j]
 		}
 		z[i] = v / m[i][i]
@@ -349,7 +387,7 @@ func (l *Links) record(peer string, n int64, now time.Time, rtt float64, bandwid
 // ObserveFetch records a whole fetch from peer of blocks blocks and n
 // bytes that took d (the call, pins, reserve, the transfer, checksums and
 // commits) and finished at now, for the fit of what fetches over the link
-// cost (Estimate's Fixed, PerBlock and FetchBytesPerSecond).
+// cost (Estimate's Fixed, PerBlock, PerDoubling and FetchBytesPerSecond).
 func (l *Links) ObserveFetch(peer string, blocks int, n int64, d time.Duration, now time.Time) {
 	if d <= 0 || blocks <= 0 || n < 0 {
 		return
@@ -361,7 +399,7 @@ func (l *Links) ObserveFetch(peer string, blocks int, n int64, d time.Duration, 
 	// peer) counts as at most ten times what the fit predicts.
 	bw, rtt := l.current(k, now)
 	t := k.fit.solve(rtt, bw)
-	limit := 10 * (rtt + t[0] + float64(blocks)*t[1] + float64(n)*t[2] + 1e-3)
+	limit := 10 * (rtt + t.predict(float64(blocks), float64(n)) + 1e-3)
 	k.fit.observe(blocks, n, min(d.Seconds(), limit))
 }
 
@@ -378,13 +416,15 @@ type Estimate struct {
 	// Updated is the last measurement's time (zero if none).
 	Updated time.Time
 	// Fixed and PerBlock are what one fetch costs beyond its round trip
-	// and bytes, and what each block adds, and FetchBytesPerSecond the
-	// rate whole fetches moved bytes at: the fit of the last fetches
-	// (ObserveFetch), the seeds and BytesPerSecond before any. FitSamples
-	// is how many fetches the fit saw.
-	Fixed, PerBlock     time.Duration
-	FetchBytesPerSecond float64
-	FitSamples          int64
+	// and bytes, and what each block adds; PerDoubling what each doubling
+	// of the chain adds (log2 of its blocks: the share of a fetch's work
+	// that grows slower than its chain); FetchBytesPerSecond the rate
+	// whole fetches moved bytes at: the fit of the last fetches
+	// (ObserveFetch), the seeds (PerDoubling 0) and BytesPerSecond before
+	// any. FitSamples is how many fetches the fit saw.
+	Fixed, PerBlock, PerDoubling time.Duration
+	FetchBytesPerSecond          float64
+	FitSamples                   int64
 }
 
 // Estimate returns peer's estimate as of now.
@@ -394,17 +434,19 @@ func (l *Links) Estimate(peer string, now time.Time) Estimate {
 	k := l.get(peer)
 	bw, rtt := l.current(k, now)
 	t := k.fit.solve(rtt, bw)
-	fixed, perBlock, fetchBW := t[0], t[1], 1/t[2]
+	fixed, perBlock, perDoubling, fetchBW := t[0], t[1], t[2], 1/t[3]
 	if idle := now.Sub(k.updated) - l.cfg.DecayAfter; !k.updated.IsZero() && idle > 0 {
 		// Idle: back toward the seeds, as the bandwidth goes.
 		f := math.Exp2(-float64(idle) / float64(l.cfg.HalfLife))
 		fixed = l.cfg.SeedFixed.Seconds() + (fixed-l.cfg.SeedFixed.Seconds())*f
 		perBlock = l.cfg.SeedPerBlock.Seconds() + (perBlock-l.cfg.SeedPerBlock.Seconds())*f
+		perDoubling *= f
 		fetchBW = bw + (fetchBW-bw)*f
 	}
 	return Estimate{Peer: peer, BytesPerSecond: bw, RTT: time.Duration(rtt * float64(time.Second)),
 		Samples: k.bwSamples, RTTSamples: k.rttSamples, Bytes: k.bytes, Updated: k.updated,
 		Fixed: time.Duration(fixed * float64(time.Second)), PerBlock: time.Duration(perBlock * float64(time.Second)),
+		PerDoubling:         time.Duration(perDoubling * float64(time.Second)),
 		FetchBytesPerSecond: fetchBW, FitSamples: k.fit.samples}
 }
 
@@ -425,14 +467,16 @@ func (l *Links) All(now time.Time) []Estimate {
 }
 
 // FetchTime is the estimated time to fetch blocks blocks of n bytes in
-// all from peer: one round trip, the fixed and per-block costs, and n at
-// the rate fetches move bytes (BytesPerSecond when that is unset).
+// all from peer: one round trip, the fixed, per-block and per-doubling
+// costs, and n at the rate fetches move bytes (BytesPerSecond when that
+// is unset).
 func (e Estimate) FetchTime(n int64, blocks int) time.Duration {
 	bw := e.FetchBytesPerSecond
 	if !(bw > 0) {
 		bw = e.BytesPerSecond
 	}
-	return e.RTT + e.Fixed + time.Duration(blocks)*e.PerBlock + time.Duration(float64(n)/bw*float64(time.Second))
+	return e.RTT + e.Fixed + time.Duration(blocks)*e.PerBlock + time.Duration(math.Log2(float64(max(blocks, 1)))*float64(e.PerDoubling)) +
+		time.Duration(float64(n)/bw*float64(time.Second))
 }
 
 // SeedCosts are a fetch's fixed and per-block costs before any fetch was

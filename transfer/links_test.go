@@ -195,3 +195,38 @@ func TestLinksFitFixedAndPerBlockCosts(t *testing.T) {
 		t.Fatalf("fixed cost after a half-life idle: %v, want %v (fit %v)", half, want, fit)
 	}
 }
+
+// Fetches whose cost per block falls as chains grow (their blocks share
+// pins, the connections' start, commits), as measured on loopback: the
+// fit finds the cost per doubling and predicts every chain length, where
+// a line through them is off by a quarter at 4 blocks.
+func TestLinksFitACostPerDoubling(t *testing.T) {
+	const bw, rtt, size = 4e9, 100 * time.Microsecond, 2 << 20
+	const fixed, perDoubling = 250 * time.Microsecond, 150 * time.Microsecond
+	fetch := func(blocks int) (int64, time.Duration) {
+		n := int64(blocks) * size
+		return n, rtt + fixed + time.Duration(math.Log2(float64(blocks))*float64(perDoubling)) + time.Duration(float64(n)/bw*1e9)
+	}
+	t0 := time.Unix(1000, 0)
+	l := NewLinks(LinkConfig{Seeds: map[string]Seed{"a": {BytesPerSecond: bw, RTT: rtt}}})
+	for i := range 64 {
+		blocks := []int{1, 4, 16, 64}[i%4]
+		n, d := fetch(blocks)
+		l.ObserveFetch("a", blocks, n, d, t0)
+	}
+	e := l.Estimate("a", t0)
+	if math.Abs(float64(e.PerDoubling-perDoubling)) > float64(15*time.Microsecond) {
+		t.Errorf("per doubling %v, want %v (fixed %v, per block %v, %.3g B/s)", e.PerDoubling, perDoubling, e.Fixed, e.PerBlock, e.FetchBytesPerSecond)
+	}
+	for _, blocks := range []int{1, 2, 4, 8, 16, 32, 64} {
+		n, d := fetch(blocks)
+		if got := e.FetchTime(n, blocks); math.Abs(float64(got-d)) > 0.02*float64(d) {
+			t.Errorf("%d blocks: predicted %v, took %v", blocks, got, d)
+		}
+	}
+	// Idle, the cost per doubling decays away with the rest of the fit.
+	l.Observe("a", 0, rtt, t0) // the link's last measurement
+	if e := l.Estimate("a", t0.Add(time.Hour)); e.PerDoubling > time.Microsecond {
+		t.Errorf("an hour idle: per doubling %v, want about 0", e.PerDoubling)
+	}
+}

@@ -203,11 +203,13 @@ type Link struct {
 	// the link was never measured and the figures are the seed.
 	IdleSeconds float64 `json:"idle_seconds"`
 	// FixedSeconds is what one fetch costs beyond its round trip and
-	// bytes, PerBlockSeconds what each block adds: fitted over recent
-	// fetches (FitSamples of them), the seed before any.
-	FixedSeconds    float64 `json:"fixed_seconds"`
-	PerBlockSeconds float64 `json:"per_block_seconds"`
-	FitSamples      uint64  `json:"fit_samples"`
+	// bytes, PerBlockSeconds what each block adds, PerDoublingSeconds
+	// what each doubling of the chain adds: fitted over recent fetches
+	// (FitSamples of them), the seed before any.
+	FixedSeconds       float64 `json:"fixed_seconds"`
+	PerBlockSeconds    float64 `json:"per_block_seconds"`
+	PerDoublingSeconds float64 `json:"per_doubling_seconds"`
+	FitSamples         uint64  `json:"fit_samples"`
 }
 
 // Links returns the daemon's link estimates.
@@ -220,7 +222,8 @@ func (a *Client) Links(ctx context.Context) (Links, error) {
 	for _, l := range r.GetLinks() {
 		out.Links = append(out.Links, Link{Peer: l.GetPeer(), BytesPerSecond: l.GetBytesPerSecond(), RTTSeconds: l.GetRttSeconds(),
 			BandwidthSamples: l.GetBandwidthSamples(), RTTSamples: l.GetRttSamples(), Bytes: l.GetBytes(), IdleSeconds: l.GetIdleSeconds(),
-			FixedSeconds: l.GetFixedSeconds(), PerBlockSeconds: l.GetPerBlockSeconds(), FitSamples: l.GetFitSamples()})
+			FixedSeconds: l.GetFixedSeconds(), PerBlockSeconds: l.GetPerBlockSeconds(),
+			PerDoublingSeconds: l.GetPerDoublingSeconds(), FitSamples: l.GetFitSamples()})
 	}
 	return out, nil
 }

@@ -220,9 +220,10 @@ func clusterLinksCmd(e *env) *cobra.Command {
 real transfers (a moving average that decays back toward the configured seed
 while the link is idle), or the seed when nothing was measured yet, and what a
 fetch costs beyond them: FIXED per fetch (the call, pins, reserve, commit,
-publish) and PER BLOCK, fitted over the last 32 fetches (FITS of them). The
+publish), PER BLOCK and PER DOUBLING (what each doubling of a chain adds: the
+work its blocks share), fitted over the last 32 fetches (FITS of them). The
 fetch-or-recompute cost model reads these: a fetch of n blocks of b bytes
-takes RTT + FIXED + n·PER BLOCK + n·b / BANDWIDTH.`,
+takes RTT + FIXED + n·PER BLOCK + log2(n)·PER DOUBLING + n·b / BANDWIDTH.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
@@ -232,14 +233,14 @@ takes RTT + FIXED + n·PER BLOCK + n·b / BANDWIDTH.`,
 				}
 				fmt.Fprintf(e.stdout, "links from %s (transport %s)\n", links.Node, links.Transport)
 				w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "PEER\tBANDWIDTH\tRTT\tFIXED\tPER BLOCK\tSAMPLES\tFITS\tMOVED\tIDLE")
+				fmt.Fprintln(w, "PEER\tBANDWIDTH\tRTT\tFIXED\tPER BLOCK\tPER DOUBLING\tSAMPLES\tFITS\tMOVED\tIDLE")
 				for _, l := range links.Links {
 					idle := "never measured (seed)"
 					if l.IdleSeconds >= 0 {
 						idle = seconds(l.IdleSeconds)
 					}
-					fmt.Fprintf(w, "%s\t%.2f GB/s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", l.Peer, l.BytesPerSecond/1e9, micros(l.RTTSeconds), micros(l.FixedSeconds),
-						micros(l.PerBlockSeconds), l.BandwidthSamples, l.FitSamples, humanBytes(l.Bytes), idle)
+					fmt.Fprintf(w, "%s\t%.2f GB/s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", l.Peer, l.BytesPerSecond/1e9, micros(l.RTTSeconds), micros(l.FixedSeconds),
+						micros(l.PerBlockSeconds), micros(l.PerDoublingSeconds), l.BandwidthSamples, l.FitSamples, humanBytes(l.Bytes), idle)
 				}
 				return w.Flush()
 			})

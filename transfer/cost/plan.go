@@ -18,16 +18,18 @@ type Link struct {
 	// RTT is paid once per fetch.
 	RTT time.Duration
 	// Fixed is what else one fetch costs whatever its size (the call,
-	// the pins, reserve, commit, publish), and PerBlock what each block
-	// it moves adds beyond its bytes: measured per link from real
-	// fetches (transfer.Links). A fetch of n blocks of b bytes takes
-	// RTT + Fixed + n·PerBlock + n·b / BytesPerSecond.
-	Fixed, PerBlock time.Duration
+	// the pins, reserve, commit, publish), PerBlock what each block it
+	// moves adds beyond its bytes, and PerDoubling what each doubling of
+	// its chain adds (the work a chain's blocks share): measured per link
+	// from real fetches (transfer.Links). A fetch of n blocks of b bytes
+	// takes RTT + Fixed + n·PerBlock + log2(n)·PerDoubling + n·b /
+	// BytesPerSecond.
+	Fixed, PerBlock, PerDoubling time.Duration
 }
 
 // overhead is what a fetch of n blocks over l costs beyond its bytes.
 func (l Link) overhead(n int) float64 {
-	return l.RTT.Seconds() + l.Fixed.Seconds() + float64(n)*l.PerBlock.Seconds()
+	return l.RTT.Seconds() + l.Fixed.Seconds() + float64(n)*l.PerBlock.Seconds() + math.Log2(float64(max(n, 1)))*l.PerDoubling.Seconds()
 }
 
 // Node is one node of the cluster as the planner sees it.

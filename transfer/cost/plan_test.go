@@ -95,6 +95,24 @@ func TestPlanExact(t *testing.T) {
 			}},
 		},
 		{
+			// A cost per doubling of the chain (10 ms): 8 blocks pay 3 of
+			// it, so the fetch takes 30 + 200 ms; the split at k=4
+			// computes 200 ms while log2(6)·10 + 150 = 175.85 ms load
+			// (k=3 would load 203 ms); the break-even leaves the 30 ms
+			// out of the head's 800 ms.
+			name: "per-doubling cost",
+			req: base([]Node{
+				{ID: "a", Candidate: true, Prefill: c, Blocks: 2},
+				{ID: "s", Blocks: 10},
+			}, links{"s>a": {BytesPerSecond: 4e6, PerDoubling: 10 * time.Millisecond}}),
+			want: []NodePlan{{
+				Node: "a", LocalBlocks: 2, PoolBlocks: 10, Source: "s", Link: Link{BytesPerSecond: 4e6, PerDoubling: 10 * time.Millisecond},
+				FetchBytes: 8e5, Transfer: ms(230), Recompute: ms(800),
+				RecomputeTotal: ms(800), FetchTotal: ms(230), SplitBlocks: 4, SplitTotal: ms(200),
+				Plan: Split, Total: ms(200), BreakevenBytesPerSecond: 8e5 / 0.77,
+			}},
+		},
+		{
 			// The engine holds 2 blocks in GPU memory, the node's host
 			// memory 6: blocks 2..5 (400 kB) load at 4 MB/s, 100 ms,
 			// before the 400 ms of prefill past block 6.

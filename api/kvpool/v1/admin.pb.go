@@ -1354,10 +1354,14 @@ type LinkStatus struct {
 	// block adds, fitted over recent fetches (the seed before any).
 	FixedSeconds    float64 `protobuf:"fixed64,8,opt,name=fixed_seconds,json=fixedSeconds,proto3" json:"fixed_seconds,omitempty"`
 	PerBlockSeconds float64 `protobuf:"fixed64,9,opt,name=per_block_seconds,json=perBlockSeconds,proto3" json:"per_block_seconds,omitempty"`
-	// Fetches the fit of fixed_seconds and per_block_seconds saw.
-	FitSamples    uint64 `protobuf:"varint,10,opt,name=fit_samples,json=fitSamples,proto3" json:"fit_samples,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Fetches the fit of fixed_seconds, per_block_seconds and
+	// per_doubling_seconds saw.
+	FitSamples uint64 `protobuf:"varint,10,opt,name=fit_samples,json=fitSamples,proto3" json:"fit_samples,omitempty"`
+	// What each doubling of a fetch's chain adds (the work its blocks
+	// share), from the same fit: a fetch of n blocks pays log2(n) of it.
+	PerDoublingSeconds float64 `protobuf:"fixed64,11,opt,name=per_doubling_seconds,json=perDoublingSeconds,proto3" json:"per_doubling_seconds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *LinkStatus) Reset() {
@@ -1456,6 +1460,13 @@ func (x *LinkStatus) GetPerBlockSeconds() float64 {
 func (x *LinkStatus) GetFitSamples() uint64 {
 	if x != nil {
 		return x.FitSamples
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetPerDoublingSeconds() float64 {
+	if x != nil {
+		return x.PerDoublingSeconds
 	}
 	return 0
 }
@@ -1627,7 +1638,7 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\vanswered_by\x18\x10 \x01(\tR\n" +
 	"answeredBy\x120\n" +
 	"\atenants\x18\x11 \x03(\v2\x16.kvpool.v1.TenantStatsR\atenants\"\x12\n" +
-	"\x10ListLinksRequest\"\xe4\x02\n" +
+	"\x10ListLinksRequest\"\x96\x03\n" +
 	"\n" +
 	"LinkStatus\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12(\n" +
@@ -1643,7 +1654,8 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x11per_block_seconds\x18\t \x01(\x01R\x0fperBlockSeconds\x12\x1f\n" +
 	"\vfit_samples\x18\n" +
 	" \x01(\x04R\n" +
-	"fitSamples\"w\n" +
+	"fitSamples\x120\n" +
+	"\x14per_doubling_seconds\x18\v \x01(\x01R\x12perDoublingSeconds\"w\n" +
 	"\x11ListLinksResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12+\n" +

@@ -279,7 +279,7 @@ type FetchResult struct {
 //
 // Fetch goes over the data channel as one frame where the node serves
 // them (InfoResponse.fetch_frames), on every path but PathGRPC: a gRPC
-// call costs about 0.3 ms more, a third of a 2 MiB block's fetch on
+// call costs 0.1–0.3 ms more, up to a third of a 2 MiB block's fetch on
 // loopback.
 func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
 	if c.fetches != nil {

@@ -860,24 +860,12 @@ func TestDataEncryptionPerLinkClass(t *testing.T) {
 			transfers := func(security string) float64 {
 				sum := 0.0
 				for _, reg := range regs {
-					mfs, err := reg.Gather()
-					if err != nil {
-						t.Fatal(err)
-					}
-					for _, mf := range mfs {
-						if mf.GetName() != "kvpool_pool_accepted_connections_total" {
-							continue
+					sum += counters(t, reg, "kvpool_pool_accepted_connections_total", func(labels map[string]string) string {
+						if labels["protocol"] == "transfer" {
+							return labels["security"]
 						}
-						for _, m := range mf.GetMetric() {
-							labels := map[string]string{}
-							for _, l := range m.GetLabel() {
-								labels[l.GetName()] = l.GetValue()
-							}
-							if labels["protocol"] == "transfer" && labels["security"] == security {
-								sum += m.GetCounter().GetValue()
-							}
-						}
-					}
+						return ""
+					})[security]
 				}
 				return sum
 			}

@@ -412,6 +412,17 @@ func TestFetchFramesAgreeWithTheGRPCFetch(t *testing.T) {
 
 // fetchesServed counts the Fetches a node served, by door (grpc, data).
 func fetchesServed(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	return counters(t, reg, "kvpool_pool_requests_total", func(labels map[string]string) string {
+		if strings.EqualFold(labels["op"], "fetch") {
+			return labels["path"]
+		}
+		return ""
+	})
+}
+
+// counters sums the counters named name in reg under the key by gives
+// each from its labels; a counter by keys "" is left out.
+func counters(t *testing.T, reg prometheus.Gatherer, name string, by func(labels map[string]string) string) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -419,7 +430,7 @@ func fetchesServed(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "kvpool_pool_requests_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -427,8 +438,8 @@ func fetchesServed(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if strings.EqualFold(labels["op"], "fetch") {
-				out[labels["path"]] += m.GetCounter().GetValue()
+			if k := by(labels); k != "" {
+				out[k] += m.GetCounter().GetValue()
 			}
 		}
 	}

@@ -45,6 +45,10 @@ var Graph = map[string]Rules{
 	// The store keeps blocks in an arena it is handed, below the node.
 	"pool/store": {Forbidden: append(own("pool", "pool/bench", "metadata/...", "transfer/...", "cmd/...", "test/..."),
 		"go.etcd.io/...", "github.com/hashicorp/...", "github.com/prometheus/...")},
+	// The index journal: records and their file, on api's checksum; it
+	// knows nothing of the store whose blocks it records.
+	"pool/journal": {Forbidden: append(own("pool", "pool/store", "pool/bench", "pool/replay", "metadata/...", "transfer/...", "eviction/...", "cmd/...", "test/..."),
+		"go.etcd.io/...", "github.com/hashicorp/...", "github.com/prometheus/...")},
 	// The node wires api, eviction, metadata and transfer, and links no
 	// etcd server; the bench harness runs nodes on an etcd it is given.
 	"pool":       {Forbidden: append(own("metadata/embedded", "pool/bench", "cmd/...", "test/...", "internal/..."), etcdServer)},

@@ -46,6 +46,9 @@ type Store struct {
 	// sink hears of every block committed and removed, after the fact and
 	// outside mu; nil for a standalone node. Set by SetSink before use.
 	sink LocationSink
+	// journal hears of the same under mu, in order; nil when the node
+	// keeps no journal. Set by SetJournal before use.
+	journal Journal
 	// defaultTenant is the config of tenants without a stored policy;
 	// highWatermark and lowWatermark are fractions of the arena (see
 	// Config).
@@ -86,6 +89,23 @@ type LocationSink interface {
 	Added(tenant, namespace, key []byte)
 	Removed(tenant, namespace, key []byte)
 }
+
+// Journal records where committed blocks are, so a node restarted over
+// the same arena can adopt them (pool/journal). Its methods are called
+// under the store's lock, in the order the changes happen: they MUST NOT
+// block or call the store. The key is only valid during the call.
+type Journal interface {
+	// Committed: a block now lives at offset (bytes into the arena);
+	// expiresUnixNano is when its TTL ends, 0 for none.
+	Committed(tenant, namespace string, key []byte, offset, size int64, crc uint32, expiresUnixNano int64)
+	// Unlinked: the block left the index (removed, evicted or expired).
+	// Its pages may be reused after this call.
+	Unlinked(tenant, namespace string, key []byte)
+}
+
+// SetJournal makes j hear of every block committed and unlinked from now
+// on. Call it before the store is used concurrently.
+func (s *Store) SetJournal(j Journal) { s.journal = j }
 
 // SetSink makes sink hear of every block committed and removed from now
 // on. Call it before the store is used concurrently.
@@ -440,12 +460,16 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	t.storedBytes += r.size
 	t.blocks++
 	now := s.now()
+	var expires int64
 	if ttl := t.cfg.DefaultTTL; ttl > 0 {
-		at := now.Add(ttl).UnixNano()
-		s.mu.expires[idx] = at
-		heap.Push(&s.mu.expiry, expiryItem{at: at, handle: Pin{idx: idx, gen: e.gen}.Handle()})
+		expires = now.Add(ttl).UnixNano()
+		s.mu.expires[idx] = expires
+		heap.Push(&s.mu.expiry, expiryItem{at: expires, handle: Pin{idx: idx, gen: e.gen}.Handle()})
 	}
 	t.policy.Add(s.blockLocked(idx, e), now)
+	if s.journal != nil {
+		s.journal.Committed(ni.tenant, ni.namespace, r.key, r.offset, r.size, crc, expires)
+	}
 	s.mu.Unlock()
 	if s.sink != nil {
 		s.sink.Added([]byte(ni.tenant), []byte(ni.namespace), r.key)
@@ -587,6 +611,12 @@ func (s *Store) unlinkLocked(idx uint32) {
 	t.blocks--
 	delete(s.mu.expires, idx)
 	delete(s.mu.leases, Pin{idx: idx, gen: e.gen}.Handle())
+	if s.journal != nil {
+		// Before the pages can be freed, so the journal never holds a
+		// later block's record ahead of this one's end.
+		ni := &s.mu.ns.list[e.ns]
+		s.journal.Unlinked(ni.tenant, ni.namespace, s.mu.idx.key(idx))
+	}
 	s.mu.idx.unlink(idx)
 	e.state = stateDead
 	if s.versions != nil {

@@ -32,6 +32,7 @@ type Config struct {
 	ClusterConfig
 	TransferConfig
 	PlanConfig
+	PersistConfig
 
 	// Version is reported by Info. Default "dev".
 	Version string
@@ -219,6 +220,7 @@ func TestConfig(nodeID string, capacityBytes int64) Config {
 }
 
 func (c *Config) fillDefaults() {
+	c.PersistConfig.fill(c.NodeID, &c.StoreConfig)
 	c.StoreConfig = c.StoreConfig.WithDefaults()
 	c.ServerConfig.fill(c.NodeID)
 	c.SecurityConfig.fill()
@@ -344,6 +346,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.TransferConfig.validate()...)
 	errs = append(errs, c.PlanConfig.validate()...)
+	errs = append(errs, c.PersistConfig.validate()...)
 	if c.Transport == transfer.ProtocolSHM && c.DisableShm {
 		errs = append(errs, errors.New("transport shm needs shared memory, which is disabled"))
 	}

@@ -56,10 +56,12 @@ type Node struct {
 	// Transfers: every transport serves the arena as arenaRegion to peers
 	// (shm only with shared memory on); the fetcher pulls with the one
 	// Config.Transport names.
-	tcpT    *transfer.TCP
-	grpcT   *transfer.GRPC
-	shmT    *transfer.SHM // nil with DisableShm
-	links   *transfer.Links
+	tcpT  *transfer.TCP
+	grpcT *transfer.GRPC
+	shmT  *transfer.SHM // nil with DisableShm
+	links *transfer.Links
+	// persist is the data directory's journal; nil without one.
+	persist *persistence
 	fetcher *fetcher
 	planner *planner
 	// engines follows this node's engines' KV events; nil without
@@ -101,12 +103,8 @@ func New(cfg Config) (*Node, error) {
 		}
 	})).With("node", cfg.NodeID)
 	n.log = log.With("component", "pool")
-	seg, err := openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory, cfg.Prefault)
-	if err != nil {
-		return nil, err
-	}
-	n.seg = seg
 	var words []uint64
+	var err error
 	if !cfg.DisableShm {
 		pages := cfg.CapacityBytes / cfg.PageBytes
 		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false, false); err != nil {
@@ -114,7 +112,23 @@ func New(cfg Config) (*Node, error) {
 		}
 		words = n.versions.words()[:pages]
 	}
-	n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
+	var seg *segment
+	if cfg.DataDir != "" {
+		seg, n.store, n.persist, err = openPersistent(&n.cfg, words, log.With("component", "persist"))
+		if err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		r := n.persist.started
+		n.log.Info("arena opened", "data_dir", cfg.DataDir, "segment", cfg.SegmentPath, "fresh", r.Fresh, "adopted_blocks", r.Adopted,
+			"adopted_bytes", r.AdoptedBytes, "dropped_bad_checksum", r.Dropped, "expired", r.Expired, "overlapped", r.Overlapped,
+			"torn_journal_bytes", r.TornJournalBytes, "took", r.Took)
+	} else {
+		if seg, err = openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory, cfg.Prefault); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+		n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
+	}
+	n.seg = seg
 	if n.gate, err = newGatekeeper(&cfg.SecurityConfig, cfg.Now, n.log); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
@@ -410,6 +424,9 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.engines != nil {
 		g.Go("engine events", func() error { return n.engines.Run(ctx) })
 	}
+	if n.persist != nil {
+		g.Go("journal", func() error { return n.persist.run(ctx) })
+	}
 	g.Go("grpc server", func() error {
 		if err := n.grpcSrv.Serve(n.doors.grpc); !errors.Is(err, grpc.ErrServerStopped) {
 			return err
@@ -566,8 +583,13 @@ func (n *Node) Close() error {
 		if n.fetcher != nil {
 			n.fetcher.peers.Close()
 		}
+		if n.persist != nil {
+			// Every server has stopped committing: the journal holds
+			// every committed block once this returns.
+			n.closeErr = n.persist.close()
+		}
 		if n.seg != nil {
-			n.closeErr = n.seg.close()
+			n.closeErr = errors.Join(n.closeErr, n.seg.close())
 		}
 		if n.versions != nil {
 			n.closeErr = errors.Join(n.closeErr, n.versions.close())

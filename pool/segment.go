@@ -15,14 +15,32 @@ import (
 // processes can open by name. Same-host clients receive the memfd over the
 // node's unix socket and map it, so both sides see the same pages.
 type segment struct {
-	file   *os.File
-	mem    []byte
-	path   string   // "" for a memfd
-	owner  *os.File // path+".lock", flocked while this node owns path
-	locked bool
+	file *os.File
+	mem  []byte // the arena
+	// trailer is the page after the arena of a persistent segment, which
+	// says what the arena is (persist.go); nil otherwise.
+	trailer []byte
+	mapping []byte   // mem and trailer
+	path    string   // "" for a memfd
+	owner   *os.File // path+".lock", flocked while this node owns path
+	locked  bool
+	// keep leaves the file at path when the segment closes: a node with
+	// a data directory comes back to it.
+	keep bool
 }
 
 func openSegment(name, path string, size int64, lock, prefault bool) (*segment, error) {
+	return createSegment(name, path, size, 0, lock, prefault, false)
+}
+
+// openSegmentSized creates a persistent segment at path: an arena of
+// capacity bytes and a trailer page of page bytes after it, kept when the
+// segment closes.
+func openSegmentSized(name, path string, capacity, page int64, lock, prefault, keep bool) (*segment, error) {
+	return createSegment(name, path, capacity, page, lock, prefault, keep)
+}
+
+func createSegment(name, path string, size, trailer int64, lock, prefault, keep bool) (*segment, error) {
 	var f *os.File
 	if path == "" {
 		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
@@ -47,22 +65,22 @@ func openSegment(name, path string, size int64, lock, prefault bool) (*segment, 
 			releaseSegmentPath(path, owner)
 			return nil, fmt.Errorf("pool: create segment file: %w", err)
 		}
-		s := &segment{file: f, path: path, owner: owner}
-		if err := s.setup(size, lock, prefault); err != nil {
+		s := &segment{file: f, path: path, owner: owner, keep: keep}
+		if err := s.setup(size, trailer, lock, prefault); err != nil {
 			return nil, errors.Join(err, s.close())
 		}
 		return s, nil
 	}
 	s := &segment{file: f, path: path}
-	if err := s.setup(size, lock, prefault); err != nil {
+	if err := s.setup(size, trailer, lock, prefault); err != nil {
 		return nil, errors.Join(err, s.close())
 	}
 	return s, nil
 }
 
-func (s *segment) setup(size int64, lock, prefault bool) error {
-	if err := s.file.Truncate(size); err != nil {
-		return fmt.Errorf("pool: size segment to %d bytes: %w", size, err)
+func (s *segment) setup(size, trailer int64, lock, prefault bool) error {
+	if err := s.file.Truncate(size + trailer); err != nil {
+		return fmt.Errorf("pool: size segment to %d bytes: %w", size+trailer, err)
 	}
 	if s.path == "" {
 		// Clients get this fd; forbid them from shrinking it under us.
@@ -70,6 +88,11 @@ func (s *segment) setup(size int64, lock, prefault bool) error {
 			return fmt.Errorf("pool: seal segment: %w", err)
 		}
 	}
+	return s.mapAll(size, trailer, lock, prefault)
+}
+
+// mapAll maps the file's arena of size bytes and the trailer after it.
+func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 	flags := unix.MAP_SHARED
 	if prefault && !lock {
 		// Allocate the pages now: MAP_POPULATE alone would map a shared
@@ -81,13 +104,16 @@ func (s *segment) setup(size int64, lock, prefault bool) error {
 	if lock || prefault {
 		flags |= unix.MAP_POPULATE
 	}
-	mem, err := unix.Mmap(int(s.file.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, flags)
+	mem, err := unix.Mmap(int(s.file.Fd()), 0, int(size+trailer), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
-		return fmt.Errorf("pool: map %d-byte segment: %w", size, err)
+		return fmt.Errorf("pool: map %d-byte segment: %w", size+trailer, err)
 	}
-	s.mem = mem
+	s.mapping, s.mem = mem, mem[:size:size]
+	if trailer > 0 {
+		s.trailer = mem[size:]
+	}
 	if lock {
-		if err := unix.Mlock(mem); err != nil {
+		if err := unix.Mlock(mem[:size]); err != nil {
 			return fmt.Errorf("pool: lock %d bytes of memory (needs CAP_IPC_LOCK or a larger RLIMIT_MEMLOCK): %w", size, err)
 		}
 		s.locked = true
@@ -131,20 +157,20 @@ func (s *segment) words() []uint64 {
 }
 
 // close unmaps the segment and closes its file; a path-backed segment is
-// also unlinked. Clients that mapped it keep their mapping.
+// also unlinked, unless it is kept for the next start. Clients that mapped it keep their mapping.
 func (s *segment) close() error {
 	var errs []error
-	if s.mem != nil {
-		if err := unix.Munmap(s.mem); err != nil {
+	if s.mapping != nil {
+		if err := unix.Munmap(s.mapping); err != nil {
 			errs = append(errs, fmt.Errorf("pool: unmap segment: %w", err))
 		}
-		s.mem = nil
+		s.mapping, s.mem, s.trailer = nil, nil, nil
 	}
 	if s.file != nil {
 		errs = append(errs, s.file.Close())
 		s.file = nil
 	}
-	if s.path != "" {
+	if s.path != "" && !s.keep {
 		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -105,7 +105,7 @@ func startServeCmd(t *testing.T, command func(bin string, args ...string) *exec.
 	dir := t.TempDir()
 	s := &server{shm: filepath.Join(dir, "shm.sock"), done: make(chan error, 1)}
 	args := []string{"node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),
-		"--shm-socket", s.shm, "--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "etcd")}
+		"--shm-socket", s.shm, "--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--etcd-data-dir", filepath.Join(dir, "etcd")}
 	args = append(args, extra...)
 	s.cmd = command(bin, args...)
 	stderr, err := s.cmd.StderrPipe()

@@ -100,7 +100,7 @@ func TestShapedLinkEstimateConverges(t *testing.T) {
 			t.Fatalf("%s did not start", id)
 		}
 	}
-	serve(nsA, "shaped-a", addrA, "--embedded-etcd-listen", addrA+":2379", "--data-dir", filepath.Join(dir, "etcd"))
+	serve(nsA, "shaped-a", addrA, "--embedded-etcd-listen", addrA+":2379", "--etcd-data-dir", filepath.Join(dir, "etcd"))
 	serve(nsB, "shaped-b", addrB, "--etcd-endpoints", "http://"+addrA+":2379")
 	in := func(ns string, args ...string) result {
 		return kvIn(t, ipTool, ns, bin, args...)

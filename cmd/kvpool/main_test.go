@@ -61,7 +61,7 @@ func serve(t *testing.T, args ...string) *served {
 	dir := t.TempDir()
 	args = append([]string{"node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
 		"--node-id", "cmd-" + strings.NewReplacer("/", "-", "#", "-").Replace(t.Name()), "--shm-socket", filepath.Join(dir, "shm.sock"),
-		"--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "etcd")}, args...)
+		"--log-format", "json", "--embedded-etcd-listen", "127.0.0.1:0", "--etcd-data-dir", filepath.Join(dir, "etcd")}, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)

@@ -33,8 +33,15 @@ tcp transport on --listen (one port), same-host clients on the unix socket
 --shm-socket, and Prometheus metrics, /healthz and /readyz on --metrics-listen.
 
 Nodes form a cluster through etcd: with --etcd-endpoints the node joins an
-existing etcd; without it the node starts an embedded etcd (--data-dir,
---embedded-etcd-listen) that other daemons can join. Each node registers on
+existing etcd; without it the node starts an embedded etcd (in --data-dir,
+on --embedded-etcd-listen) that other daemons can join.
+
+With --data-dir the node's blocks outlive it: the arena is a file under
+/dev/shm and the data directory holds an index journal of the committed
+blocks (synced every --journal-flush-interval). The same command line
+started again adopts them, checking each block's CRC before serving it and
+republishing the set; --fresh discards them. A different --capacity or
+--page-size is refused with a message saying so. Each node registers on
 a lease (--lease-ttl), publishes where its blocks are, mirrors where every
 node's are, and gossips liveness and load on --gossip-listen. --standalone
 runs a lone node with none of that.
@@ -47,6 +54,7 @@ exits 2. SIGINT or SIGTERM stops the node gracefully.`,
 		Example: `  kvpool node serve --capacity 8GiB --node-id gpu-node-1
   kvpool node serve --capacity 8GiB --node-id gpu-node-2 --listen 127.0.0.1:7071 --metrics-listen "" --etcd-endpoints http://127.0.0.1:2379
   kvpool node serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory --tls-cert node.pem --tls-key node-key.pem --client-ca ca.pem
+  kvpool node serve --capacity 64GiB --node-id gpu-node-1 --data-dir /var/lib/kvpool
   kvpool node serve --config /etc/kvpool/node.yaml`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -55,7 +63,7 @@ exits 2. SIGINT or SIGTERM stops the node gracefully.`,
 				return err
 			}
 			if !o.standalone {
-				cli, stop, err := connectEtcd(&o, cfg.NodeID, logger)
+				cli, stop, err := connectEtcd(&o, cfg.DataDir, cfg.NodeID, logger)
 				if err != nil {
 					return err
 				}
@@ -136,15 +144,27 @@ func addrString(a interface{ String() string }) string {
 	return a.String()
 }
 
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
+
 // connectEtcd returns a client to the configured etcd, starting an
 // embedded one first when no endpoints are given. stop closes both.
-func connectEtcd(o *serveOptions, nodeID string, log *slog.Logger) (*clientv3.Client, func(), error) {
+func connectEtcd(o *serveOptions, dataDir, nodeID string, log *slog.Logger) (*clientv3.Client, func(), error) {
 	endpoints := o.etcdEndpoints
 	var srv *embedded.Etcd
 	if len(endpoints) == 0 {
-		dir := o.dataDir
-		if dir == "" {
+		dir := filepath.Join(dataDir, "etcd")
+		switch {
+		case o.etcdDataDir != "":
+			dir = o.etcdDataDir
+		case dataDir == "":
 			dir = filepath.Join(os.TempDir(), "kvpool-"+nodeID, "etcd")
+		case isDir(filepath.Join(dataDir, "member")):
+			// Before the node kept its own state there, --data-dir was
+			// the embedded etcd's directory itself: keep using it.
+			dir = dataDir
 		}
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, nil, err

@@ -27,7 +27,7 @@ import (
 type serveOptions struct {
 	logLevel, logFormat string
 	etcdEndpoints       []string
-	dataDir             string
+	etcdDataDir         string
 	embeddedEtcdListen  string
 	standalone          bool
 	profiles            []string
@@ -59,7 +59,7 @@ var settings = []setting{
 	{"max-block-size", "largest accepted value (default 64MiB, at most the capacity)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.MaxBlockBytes) }},
 	{"lock-memory", "pre-fault and mlock the arena (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.LockMemory) }},
 	{"prefault", "allocate every page of the arena at start, so no put pays a page's first write (costs the arena's zeroing up front, about 0.2 s per GiB)", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.Prefault) }},
-	{"segment-path", "back the arena with a new file at this path under /dev/shm instead of a memfd", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.SegmentPath) }},
+	{"segment-path", "back the arena with a file at this path under /dev/shm (or a hugetlbfs mount) instead of a memfd; with --data-dir it is kept across restarts (default then /dev/shm/kvpool-<node-id>-<hash of the data dir>)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.SegmentPath) }},
 	{"shm-socket", "unix socket for same-host clients (default $TMPDIR/kvpool-<node-id>.sock)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.ShmSocket) }},
 	{"no-shm", "do not offer the shared-memory path", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.DisableShm) }},
 	{"reservation-timeout", "reclaim reservations not committed within this time", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.ReservationTimeout) }},
@@ -86,7 +86,10 @@ var settings = []setting{
 	{"etcd-key", "PEM key of --etcd-cert", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdKey) }},
 	{"etcd-user", "etcd user name, for an etcd with authentication on", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdUser) }},
 	{"etcd-password-file", "file holding the password of --etcd-user", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdPasswordFile) }},
-	{"data-dir", "embedded etcd's data directory (default $TMPDIR/kvpool-<node-id>/etcd)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.dataDir) }},
+	{"data-dir", "the node's state directory: its index journal, so a restart (same command line) keeps the arena's blocks, each checked by CRC before it is served; and the embedded etcd's data under etcd/ (--etcd-data-dir). The arena then lives in a file under /dev/shm (--segment-path). Default: none, blocks die with the process, embedded etcd in $TMPDIR/kvpool-<node-id>/etcd", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.DataDir) }},
+	{"etcd-data-dir", "the embedded etcd's data directory (default <data-dir>/etcd, or $TMPDIR/kvpool-<node-id>/etcd without --data-dir)", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.etcdDataDir) }},
+	{"fresh", "with --data-dir: discard the blocks the data directory and its segment hold, and start empty", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.Fresh) }},
+	{"journal-flush-interval", "with --data-dir: how often the index journal is synced to disk; the blocks committed within it are what a kill -9 can lose (SIGTERM loses none)", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.JournalFlushInterval) }},
 	{"embedded-etcd-listen", "where the embedded etcd serves clients; other daemons join with --etcd-endpoints http://ADDR", func(_ *pool.Config, o *serveOptions) pflag.Value { return stringV(&o.embeddedEtcdListen) }},
 	{"standalone", "run without etcd or gossip: a single node that publishes nothing", func(_ *pool.Config, o *serveOptions) pflag.Value { return boolV(&o.standalone) }},
 	{"gossip-listen", "host:port for gossip, UDP and TCP (default: the --listen host, a free port; published in etcd)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.GossipAddr) }},

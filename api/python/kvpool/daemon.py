@@ -61,7 +61,7 @@ class Daemon:
         elif etcd_url:
             args += ["--etcd-endpoints", etcd_url]
         else:
-            args += ["--embedded-etcd-listen", "127.0.0.1:0", "--data-dir", str(d / "etcd")]
+            args += ["--embedded-etcd-listen", "127.0.0.1:0", "--etcd-data-dir", str(d / "etcd")]
         args += list(extra)
         log_path = d / "serve.log"
         log = open(log_path, "wb")

@@ -1,0 +1,283 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// persistentNode is a node over a data directory that a test stops and
+// starts again.
+type persistentNode struct {
+	t      *testing.T
+	cfg    Config
+	n      *Node
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newPersistentNode(t *testing.T, mutate ...func(*Config)) *persistentNode {
+	cfg := TestConfig(fmt.Sprintf("p%d", rand.Uint32()), 16<<20)
+	cfg.ShmSocket = filepath.Join(t.TempDir(), "shm.sock")
+	cfg.DataDir = filepath.Join(t.TempDir(), "data")
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	p := &persistentNode{t: t, cfg: cfg}
+	t.Cleanup(func() {
+		p.stop()
+		// The segment outlives its node on purpose: remove it by hand.
+		os.Remove(p.segmentPath())
+	})
+	return p
+}
+
+func (p *persistentNode) segmentPath() string {
+	if p.cfg.SegmentPath != "" {
+		return p.cfg.SegmentPath
+	}
+	c := p.cfg
+	c.fillDefaults()
+	return c.SegmentPath
+}
+
+// start starts the node, or returns New's error.
+func (p *persistentNode) start() (*Node, error) {
+	cfg := p.cfg
+	cfg.Registerer, cfg.Gatherer = nil, nil // a registry per start, as per process
+	n, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.n, p.cancel, p.done = n, cancel, make(chan error, 1)
+	go func() { p.done <- n.Run(ctx) }()
+	<-n.Ready()
+	return n, nil
+}
+
+func (p *persistentNode) mustStart() *Node {
+	p.t.Helper()
+	n, err := p.start()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return n
+}
+
+// stop shuts the node down cleanly, as SIGTERM does.
+func (p *persistentNode) stop() {
+	if p.n == nil {
+		return
+	}
+	p.cancel()
+	if err := <-p.done; err != nil {
+		p.t.Errorf("node run: %v", err)
+	}
+	if err := p.n.Store().Check(); err != nil {
+		p.t.Errorf("store inconsistent at the end: %v", err)
+	}
+	if err := p.n.Close(); err != nil {
+		p.t.Errorf("close: %v", err)
+	}
+	p.n = nil
+}
+
+func putBlocks(t *testing.T, n *Node, path api.Path, ns string, count int) map[string][]byte {
+	t.Helper()
+	c := dial(t, n, path)
+	out := map[string][]byte{}
+	for i := range count {
+		k := api.BlockKey{Tenant: "t", Namespace: ns, Key: fmt.Appendf(nil, "k%03d", i)}
+		v := value(uint64(i)+uint64(len(ns))<<32, 1000+i*3001)
+		if err := c.Put(context.Background(), k, v); err != nil {
+			t.Fatal(err)
+		}
+		out[ns+"/"+string(k.Key)] = v
+	}
+	return out
+}
+
+func checkBlocks(t *testing.T, n *Node, want map[string][]byte) {
+	t.Helper()
+	c := dial(t, n, api.PathData)
+	buf := make([]byte, 1<<20)
+	for name, v := range want {
+		ns, key, _ := strings.Cut(name, "/")
+		m, err := c.Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte(key)}, buf)
+		if err != nil {
+			t.Fatalf("%s after the restart: %v", name, err)
+		}
+		if !bytes.Equal(buf[:m], v) {
+			t.Fatalf("%s after the restart: bytes differ", name)
+		}
+	}
+}
+
+// A node stopped cleanly and started again with the same data directory
+// serves every block it held, and none it had removed.
+func TestRestartKeepsTheArena(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	if r := n.persist.started; !r.Fresh {
+		t.Fatalf("first start: %+v, want fresh", r)
+	}
+	blocks := putBlocks(t, n, api.PathShm, "shm", 20)
+	for k, v := range putBlocks(t, n, api.PathData, "data", 20) {
+		blocks[k] = v
+	}
+	c := dial(t, n, api.PathData)
+	removed := []string{"shm/k003", "data/k007"}
+	for _, name := range removed {
+		ns, key, _ := strings.Cut(name, "/")
+		if err := c.Remove(context.Background(), api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte(key)}); err != nil {
+			t.Fatal(err)
+		}
+		delete(blocks, name)
+	}
+	before := n.Store().Stats()
+	p.stop()
+
+	n = p.mustStart()
+	r := n.persist.started
+	if r.Fresh || r.Adopted != len(blocks) || r.Dropped != 0 || r.TornJournalBytes != 0 {
+		t.Fatalf("restart: %+v; want %d adopted, nothing dropped or torn", r, len(blocks))
+	}
+	// Used less reserved: same-host writers hold a spare reservation.
+	if after := n.Store().Stats(); after.Blocks != before.Blocks || after.StoredBytes != before.StoredBytes || after.UsedBytes-after.ReservedBytes != before.UsedBytes-before.ReservedBytes {
+		t.Fatalf("restart: %d blocks, %d bytes stored, %d used by blocks; before %d, %d, %d",
+			after.Blocks, after.StoredBytes, after.UsedBytes-after.ReservedBytes, before.Blocks, before.StoredBytes, before.UsedBytes-before.ReservedBytes)
+	}
+	checkBlocks(t, n, blocks)
+	buf := make([]byte, 1<<20)
+	for _, name := range removed {
+		ns, key, _ := strings.Cut(name, "/")
+		if _, err := dial(t, n, api.PathData).Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte(key)}, buf); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("removed block %s after the restart: %v", name, err)
+		}
+	}
+	// Same-host clients of the new node read the adopted blocks through
+	// their mapping, and puts go around them.
+	for k, v := range putBlocks(t, n, api.PathShm, "more", 10) {
+		blocks[k] = v
+	}
+	checkBlocks(t, n, blocks)
+	p.stop()
+	n = p.mustStart()
+	if r := n.persist.started; r.Adopted != len(blocks) {
+		t.Fatalf("second restart adopted %d blocks, want %d", r.Adopted, len(blocks))
+	}
+	checkBlocks(t, n, blocks)
+}
+
+// Bytes that changed under a journaled block (a crash mid-overwrite) and
+// a torn journal tail (a crash mid-flush) cost that block, never a wrong
+// answer.
+func TestRestartDropsBlocksThatFailTheirChecksum(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	blocks := putBlocks(t, n, api.PathData, "ns", 10)
+	pin, err := n.Store().Acquire([]byte("t"), []byte("ns"), []byte("k004"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offset := pin.Offset
+	n.Store().Release(pin)
+	p.stop()
+
+	seg, err := os.OpenFile(p.segmentPath(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seg.WriteAt([]byte{0xff, 0x00, 0xff}, offset+100); err != nil {
+		t.Fatal(err)
+	}
+	seg.Close()
+	jf, err := os.OpenFile(filepath.Join(p.cfg.DataDir, journalName), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf.Write([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9})
+	jf.Close()
+
+	n = p.mustStart()
+	r := n.persist.started
+	if r.Adopted != 9 || r.Dropped != 1 || r.TornJournalBytes != 9 {
+		t.Fatalf("restart: %+v; want 9 adopted, 1 dropped, 9 torn bytes", r)
+	}
+	delete(blocks, "ns/k004")
+	checkBlocks(t, n, blocks)
+	if _, err := dial(t, n, api.PathData).Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: "ns", Key: []byte("k004")}, make([]byte, 1<<20)); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("the damaged block after the restart: %v, want NotFound", err)
+	}
+	p.stop()
+	// The journal was rewritten without the torn tail and the dropped block.
+	n = p.mustStart()
+	if r := n.persist.started; r.Adopted != 9 || r.Dropped != 0 || r.TornJournalBytes != 0 {
+		t.Fatalf("second restart: %+v; want 9 adopted, nothing dropped or torn", r)
+	}
+}
+
+func TestRestartRefusesAnotherLayout(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	putBlocks(t, n, api.PathData, "ns", 3)
+	p.stop()
+
+	p.cfg.CapacityBytes = 32 << 20
+	if _, err := p.start(); err == nil || !strings.Contains(err.Error(), "--fresh") || !strings.Contains(err.Error(), "--capacity") {
+		t.Fatalf("restart with another capacity: %v; want an error naming --capacity and --fresh", err)
+	}
+	p.cfg.Fresh = true
+	n = p.mustStart()
+	if r := n.persist.started; !r.Fresh || n.Store().Stats().Blocks != 0 {
+		t.Fatalf("--fresh: %+v, %d blocks; want an empty start", r, n.Store().Stats().Blocks)
+	}
+	blocks := putBlocks(t, n, api.PathData, "ns2", 3)
+	p.stop()
+	p.cfg.Fresh = false
+	n = p.mustStart()
+	checkBlocks(t, n, blocks)
+}
+
+// A host reboot empties /dev/shm but keeps the data directory: the node
+// starts empty instead of refusing to start.
+func TestRestartAfterTheSegmentIsGone(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	putBlocks(t, n, api.PathData, "ns", 3)
+	p.stop()
+	if err := os.Remove(p.segmentPath()); err != nil {
+		t.Fatal(err)
+	}
+	n = p.mustStart()
+	if r := n.persist.started; !r.Fresh || n.Store().Stats().Blocks != 0 {
+		t.Fatalf("restart without the segment: %+v, %d blocks; want an empty start", r, n.Store().Stats().Blocks)
+	}
+}
+
+// A running node owns its segment: a second node on the same data
+// directory is refused.
+func TestSecondNodeOnTheSameDataDirFails(t *testing.T) {
+	p := newPersistentNode(t)
+	p.mustStart()
+	cfg := p.cfg
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.ShmSocket = filepath.Join(t.TempDir(), "other.sock")
+	if n, err := New(cfg); err == nil {
+		n.Close()
+		t.Fatal("a second node on the same data directory started")
+	} else if !strings.Contains(err.Error(), "running node") {
+		t.Fatalf("second node: %v; want it to say a running node holds the segment", err)
+	}
+}

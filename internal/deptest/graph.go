@@ -64,6 +64,7 @@ var Graph = map[string]Rules{
 	"test":                {},
 	"test/cluster":        {},
 	"test/redisbench":     {},
+	"test/restartbench":   {},
 }
 
 const etcdServer = "go.etcd.io/etcd/server/v3/..."

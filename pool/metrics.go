@@ -248,3 +248,31 @@ func linkRecords(estimates []transfer.Estimate, self string) []metadata.LinkReco
 	}
 	return out
 }
+
+// persistCollector exports what the node found in its data directory at
+// start, and the journal's state.
+type persistCollector struct{ p *persistence }
+
+var (
+	descRestored     = prometheus.NewDesc("kvpool_persist_restored_blocks", "Blocks the node found in its segment at start, by outcome: adopted, dropped (failed their checksum), expired, overlapped (superseded in the journal).", []string{"outcome"}, nil)
+	descRestoreTook  = prometheus.NewDesc("kvpool_persist_restore_seconds", "How long reading the journal, checking every block and adopting them took at start.", nil, nil)
+	descJournalBytes = prometheus.NewDesc("kvpool_persist_journal_bytes", "Length of the index journal, flushed or not.", nil, nil)
+	descFlushErrors  = prometheus.NewDesc("kvpool_persist_journal_flush_errors_total", "Failed journal flushes: after one, a restart keeps only the blocks journaled before it.", nil, nil)
+)
+
+func (pc persistCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descRestored
+	ch <- descRestoreTook
+	ch <- descJournalBytes
+	ch <- descFlushErrors
+}
+
+func (pc persistCollector) Collect(ch chan<- prometheus.Metric) {
+	r := pc.p.started
+	for outcome, v := range map[string]int{"adopted": r.Adopted, "dropped": r.Dropped, "expired": r.Expired, "overlapped": r.Overlapped} {
+		ch <- prometheus.MustNewConstMetric(descRestored, prometheus.GaugeValue, float64(v), outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(descRestoreTook, prometheus.GaugeValue, r.Took.Seconds())
+	ch <- prometheus.MustNewConstMetric(descJournalBytes, prometheus.GaugeValue, float64(pc.p.journal.Size()))
+	ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(pc.p.flushErrors.Load()))
+}

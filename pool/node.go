@@ -165,6 +165,11 @@ func New(cfg Config) (*Node, error) {
 	if n.metrics, err = newMetrics(cfg.Registerer, n.store, &n.doors.limits); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
+	if n.persist != nil {
+		if err := cfg.Registerer.Register(persistCollector{n.persist}); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+	}
 	n.engine = &engineLoad{profiles: cfg.Profiles, now: cfg.Now, store: n.store}
 
 	// Transfers.

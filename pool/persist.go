@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -115,8 +116,8 @@ type persistence struct {
 	journal *journal.Writer
 	log     *slog.Logger
 	every   time.Duration
-	// flushFailed counts failed flushes; set by the node's metrics.
-	flushFailed func()
+	// flushErrors counts failed flushes (a metric).
+	flushErrors atomic.Int64
 	started     RestoreReport
 }
 
@@ -167,7 +168,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	}
 	done := func(seg *segment, st *store.Store, w *journal.Writer) (*segment, *store.Store, *persistence, error) {
 		report.Took = time.Since(begin)
-		p := &persistence{journal: w, log: log, every: cfg.JournalFlushInterval, flushFailed: func() {}, started: report}
+		p := &persistence{journal: w, log: log, every: cfg.JournalFlushInterval, started: report}
 		st.SetJournal(journalSink{w})
 		return seg, st, p, nil
 	}
@@ -284,7 +285,7 @@ func (p *persistence) run(ctx context.Context) error {
 		case <-t.C:
 		}
 		if err := p.journal.Flush(); err != nil {
-			p.flushFailed()
+			p.flushErrors.Add(1)
 			if !failing {
 				// The journal is now behind: a restart adopts the blocks
 				// of its last good flush (each still checked by CRC).

@@ -215,6 +215,12 @@ func TestRestartDropsBlocksThatFailTheirChecksum(t *testing.T) {
 	if r.Adopted != 9 || r.Dropped != 1 || r.TornJournalBytes != 9 {
 		t.Fatalf("restart: %+v; want 9 adopted, 1 dropped, 9 torn bytes", r)
 	}
+	if got := restoredMetric(t, n, "dropped"); got != 1 {
+		t.Fatalf("kvpool_persist_restored_blocks{outcome=dropped} = %v, want 1", got)
+	}
+	if got := restoredMetric(t, n, "adopted"); got != 9 {
+		t.Fatalf("kvpool_persist_restored_blocks{outcome=adopted} = %v, want 9", got)
+	}
 	delete(blocks, "ns/k004")
 	checkBlocks(t, n, blocks)
 	if _, err := dial(t, n, api.PathData).Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: "ns", Key: []byte("k004")}, make([]byte, 1<<20)); !errors.Is(err, api.ErrNotFound) {
@@ -280,4 +286,27 @@ func TestSecondNodeOnTheSameDataDirFails(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "running node") {
 		t.Fatalf("second node: %v; want it to say a running node holds the segment", err)
 	}
+}
+
+// restoredMetric is the node's kvpool_persist_restored_blocks of outcome.
+func restoredMetric(t *testing.T, n *Node, outcome string) float64 {
+	t.Helper()
+	mfs, err := n.cfg.Gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvpool_persist_restored_blocks" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no kvpool_persist_restored_blocks{outcome=%q}", outcome)
+	return 0
 }

@@ -257,6 +257,7 @@ var (
 	descRestored     = prometheus.NewDesc("kvpool_persist_restored_blocks", "Blocks the node found in its segment at start, by outcome: adopted, dropped (failed their checksum), expired, overlapped (superseded in the journal).", []string{"outcome"}, nil)
 	descRestoreTook  = prometheus.NewDesc("kvpool_persist_restore_seconds", "How long reading the journal, checking every block and adopting them took at start.", nil, nil)
 	descJournalBytes = prometheus.NewDesc("kvpool_persist_journal_bytes", "Length of the index journal, flushed or not.", nil, nil)
+	descCompactions  = prometheus.NewDesc("kvpool_persist_journal_compactions_total", "Journal rewrites down to the live blocks while the node runs.", nil, nil)
 	descFlushErrors  = prometheus.NewDesc("kvpool_persist_journal_flush_errors_total", "Failed journal flushes: after one, a restart keeps only the blocks journaled before it.", nil, nil)
 )
 
@@ -265,6 +266,7 @@ func (pc persistCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRestoreTook
 	ch <- descJournalBytes
 	ch <- descFlushErrors
+	ch <- descCompactions
 }
 
 func (pc persistCollector) Collect(ch chan<- prometheus.Metric) {
@@ -275,4 +277,5 @@ func (pc persistCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRestoreTook, prometheus.GaugeValue, r.Took.Seconds())
 	ch <- prometheus.MustNewConstMetric(descJournalBytes, prometheus.GaugeValue, float64(pc.p.journal.Size()))
 	ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(pc.p.flushErrors.Load()))
+	ch <- prometheus.MustNewConstMetric(descCompactions, prometheus.CounterValue, float64(pc.p.compactions.Load()))
 }

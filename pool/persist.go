@@ -40,11 +40,19 @@ type PersistConfig struct {
 	// the blocks committed within it are what a kill -9 can lose (a
 	// SIGTERM loses nothing). Default 100 ms.
 	JournalFlushInterval time.Duration
+	// JournalCompactBytes: a journal this long, and four times as long as
+	// after its last compaction, is rewritten to hold only the live
+	// blocks (churn adds about 100 bytes a put and a removal). Default
+	// 64 MiB.
+	JournalCompactBytes int64
 }
 
 func (c *PersistConfig) fill(nodeID string, sc *StoreConfig) {
 	if c.JournalFlushInterval == 0 {
 		c.JournalFlushInterval = 100 * time.Millisecond
+	}
+	if c.JournalCompactBytes == 0 {
+		c.JournalCompactBytes = 64 << 20
 	}
 	if c.DataDir != "" && sc.SegmentPath == "" && nodeID != "" {
 		abs, err := filepath.Abs(c.DataDir)
@@ -63,6 +71,9 @@ func (c *PersistConfig) validate() []error {
 	}
 	if c.Fresh && c.DataDir == "" {
 		p.add("fresh discards a data directory's blocks: give the data directory too")
+	}
+	if c.JournalCompactBytes < 0 {
+		p.add("journal compact bytes %d: must not be negative", c.JournalCompactBytes)
 	}
 	return p
 }
@@ -114,8 +125,13 @@ func decodeTrailer(b []byte) (segmentTrailer, error) {
 // writes to, and what the start found.
 type persistence struct {
 	journal *journal.Writer
+	header  journal.Header
+	store   *store.Store
 	log     *slog.Logger
 	every   time.Duration
+	// compactAt is the journal length that triggers a compaction.
+	compactAt, compactMin int64
+	compactions           atomic.Int64
 	// flushErrors counts failed flushes (a metric).
 	flushErrors atomic.Int64
 	started     RestoreReport
@@ -168,7 +184,9 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	}
 	done := func(seg *segment, st *store.Store, w *journal.Writer) (*segment, *store.Store, *persistence, error) {
 		report.Took = time.Since(begin)
-		p := &persistence{journal: w, log: log, every: cfg.JournalFlushInterval, started: report}
+		p := &persistence{journal: w, header: journal.Header{SegmentID: want.id, CapacityBytes: want.capacityBytes, PageBytes: want.pageBytes},
+			store: st, log: log, every: cfg.JournalFlushInterval, started: report, compactMin: cfg.JournalCompactBytes}
+		p.compactAt = max(p.compactMin, 4*w.Size())
 		st.SetJournal(journalSink{w})
 		return seg, st, p, nil
 	}
@@ -212,6 +230,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	}
 
 	// Check every block's bytes, in parallel, before any is served.
+	want.id = hdr.SegmentID
 	report = RestoreReport{Overlapped: replayed.Overlapped, TornJournalBytes: replayed.Torn}
 	ok := verifyBlocks(seg.mem, replayed.Blocks)
 	var adopt []store.RestoredBlock
@@ -292,8 +311,36 @@ func (p *persistence) run(ctx context.Context) error {
 				p.log.Error("index journal flush failed; a restart will keep only the blocks journaled before now", "err", err)
 				failing = true
 			}
+			continue
+		}
+		if p.journal.Size() >= p.compactAt {
+			if err := p.compact(); err != nil {
+				p.log.Error("index journal compaction failed; the journal keeps growing", "err", err)
+				p.compactAt *= 2
+			}
 		}
 	}
+}
+
+// compact rewrites the journal as the store's live blocks and what was
+// appended since they were taken.
+func (p *persistence) compact() error {
+	began := time.Now()
+	before := p.journal.Size()
+	blocks, mark := p.store.Committed(p.journal.Size)
+	records := make([]journal.Record, len(blocks))
+	for i, b := range blocks {
+		records[i] = journal.Record{Kind: journal.Put, Tenant: []byte(b.Tenant), Namespace: []byte(b.Namespace), Key: b.Key,
+			Offset: b.Offset, Size: b.Size, CRC: b.CRC, ExpiresUnixNano: b.ExpiresUnixNano}
+	}
+	if err := p.journal.Compact(p.header, records, mark); err != nil {
+		return err
+	}
+	after := p.journal.Size()
+	p.compactAt = max(p.compactMin, 4*after)
+	p.compactions.Add(1)
+	p.log.Info("index journal compacted", "blocks", len(blocks), "bytes_before", before, "bytes_after", after, "took", time.Since(began))
+	return nil
 }
 
 // close flushes the journal and closes it: after a clean shutdown every

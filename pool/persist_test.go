@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvpool/kvpool/api"
 )
@@ -309,4 +310,44 @@ func restoredMetric(t *testing.T, n *Node, outcome string) float64 {
 	}
 	t.Fatalf("no kvpool_persist_restored_blocks{outcome=%q}", outcome)
 	return 0
+}
+
+// Churn past JournalCompactBytes compacts the journal while the node
+// serves; the restart after it still adopts exactly the live blocks.
+func TestJournalCompactsWhileServing(t *testing.T) {
+	p := newPersistentNode(t, func(c *Config) {
+		c.JournalCompactBytes = 8 << 10
+		c.JournalFlushInterval = time.Millisecond
+	})
+	n := p.mustStart()
+	c := dial(t, n, api.PathData)
+	ctx := context.Background()
+	live := map[string][]byte{}
+	for i := 0; n.persist.compactions.Load() < 3; i++ {
+		k := fmt.Appendf(nil, "k%05d", i)
+		v := value(uint64(i), 4096)
+		if err := c.Put(ctx, api.BlockKey{Tenant: "t", Namespace: "ns", Key: k}, v); err != nil {
+			t.Fatal(err)
+		}
+		live["ns/"+string(k)] = v
+		if i >= 10 {
+			old := fmt.Sprintf("k%05d", i-10)
+			if err := c.Remove(ctx, api.BlockKey{Tenant: "t", Namespace: "ns", Key: []byte(old)}); err != nil {
+				t.Fatal(err)
+			}
+			delete(live, "ns/"+old)
+		}
+		if i > 100000 {
+			t.Fatal("no three compactions in 100,000 puts")
+		}
+	}
+	if size := n.persist.journal.Size(); size > 64<<10 {
+		t.Fatalf("journal of %d bytes after compactions (10 live blocks)", size)
+	}
+	p.stop()
+	n = p.mustStart()
+	if r := n.persist.started; r.Adopted != len(live) || r.Dropped != 0 {
+		t.Fatalf("restart after compactions: %+v; want %d adopted, none dropped", r, len(live))
+	}
+	checkBlocks(t, n, live)
 }

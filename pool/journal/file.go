@@ -120,6 +120,17 @@ func Rewrite(path string, h Header, blocks []Record) (*Writer, error) {
 	for _, r := range blocks {
 		b = AppendRecord(b, r)
 	}
+	f, err := writeReplacing(path, b)
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{path: path, f: f, size: int64(len(b))}, nil
+}
+
+// writeReplacing writes b to a temporary file beside path, syncs it,
+// renames it over path and syncs the directory, and returns the new file
+// open for appending at its end.
+func writeReplacing(path string, b []byte) (*os.File, error) {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -141,7 +152,7 @@ func Rewrite(path string, h Header, blocks []Record) (*Writer, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Writer{path: path, f: f, size: int64(len(b))}, nil
+	return f, nil
 }
 
 // Open opens the journal at path for appending after the replay r of it
@@ -203,6 +214,11 @@ func (w *Writer) Size() int64 {
 func (w *Writer) Flush() error {
 	w.flushMu.Lock()
 	defer w.flushMu.Unlock()
+	return w.flushLocked()
+}
+
+// flushLocked is Flush. REQUIRES: w.flushMu.
+func (w *Writer) flushLocked() error {
 	if w.f == nil {
 		return ErrClosed
 	}
@@ -228,6 +244,46 @@ func (w *Writer) Flush() error {
 		return w.err
 	}
 	return nil
+}
+
+// Compact replaces the journal with a shorter one that replays to the
+// same blocks: a Put for each of snapshot, then the records appended
+// after mark. mark is Size at the moment snapshot was taken (the store
+// takes both under its lock, store.Committed), so the snapshot and the
+// records after mark are the journal's whole story. Appends go on
+// meanwhile; flushes wait. The new file replaces the old one atomically:
+// a crash during Compact leaves one or the other.
+func (w *Writer) Compact(h Header, snapshot []Record, mark int64) error {
+	w.flushMu.Lock()
+	defer w.flushMu.Unlock()
+	if err := w.flushLocked(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	end := w.size - int64(len(w.buf)) // the old file's length
+	w.mu.Unlock()
+	if mark < int64(headerBytes) || mark > end {
+		return fmt.Errorf("journal: compact at byte %d of a %d-byte journal", mark, end)
+	}
+	b := appendHeader(nil, h)
+	for _, r := range snapshot {
+		b = AppendRecord(b, r)
+	}
+	tail := make([]byte, end-mark)
+	if _, err := w.f.ReadAt(tail, mark); err != nil {
+		return fmt.Errorf("journal: read %s for compaction: %w", w.path, err)
+	}
+	b = append(b, tail...)
+	f, err := writeReplacing(w.path, b)
+	if err != nil {
+		return err
+	}
+	old := w.f
+	w.mu.Lock()
+	w.f = f
+	w.size = int64(len(b)) + int64(len(w.buf))
+	w.mu.Unlock()
+	return old.Close()
 }
 
 // Close flushes and closes the file. Appends after Close are dropped.

@@ -410,3 +410,68 @@ func FuzzReplay(f *testing.F) {
 		}
 	})
 }
+
+// A compacted journal replays to the same blocks as the one it replaced:
+// the snapshot at the mark, then what was appended after it, flushed or
+// not.
+func TestCompactKeepsTheStory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "index.journal")
+	h := Header{SegmentID: 9, CapacityBytes: 1 << 30, PageBytes: 4096}
+	w, err := Create(path, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		w.Append(put("t", "n", fmt.Sprint(i), int64(i)*4096, 4096, uint32(i)))
+		if i%2 == 0 {
+			w.Append(drop("t", "n", fmt.Sprint(i)))
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mark := w.Size()
+	_, atMark, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After the mark: a flushed drop and put, and an unflushed put.
+	w.Append(drop("t", "n", "1"))
+	w.Append(put("t", "n", "late", 60*4096, 4096, 60))
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w.Append(put("t", "n", "later", 61*4096, 4096, 61))
+	before := w.Size()
+	if err := w.Compact(h, atMark.Blocks, mark); err != nil {
+		t.Fatal(err)
+	}
+	if after := w.Size(); after >= before {
+		t.Fatalf("compaction left %d bytes of %d", after, before)
+	}
+	w.Append(drop("t", "n", "3"))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, r, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"late": true, "later": true}
+	for i := 1; i < 50; i += 2 {
+		if i != 1 && i != 3 {
+			want[fmt.Sprint(i)] = true
+		}
+	}
+	if len(r.Blocks) != len(want) || r.Torn != 0 {
+		t.Fatalf("%d blocks (%d torn bytes), want %d", len(r.Blocks), r.Torn, len(want))
+	}
+	for _, b := range r.Blocks {
+		if !want[string(b.Key)] {
+			t.Fatalf("block %q after compaction", b.Key)
+		}
+	}
+	if err := w.Compact(h, nil, 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Compact after Close: %v", err)
+	}
+}

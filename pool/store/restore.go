@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"container/heap"
 	"errors"
 	"fmt"
@@ -140,4 +141,25 @@ func (a *allocator) carve(run, start, n uint32) uint32 {
 		a.insert(after, run+length-after)
 	}
 	return after
+}
+
+// Committed returns every live block as Restore takes them, and what
+// mark returns, both under the store's lock: mark sees the journal at the
+// very point the blocks describe (no commit or unlink between them), which
+// is what compacting a journal needs. It holds the lock for the whole
+// walk (about 50 ns a block).
+func (s *Store) Committed(mark func() int64) ([]RestoredBlock, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]RestoredBlock, 0, s.mu.idx.count)
+	for i := range s.mu.idx.entries.n {
+		e := s.mu.idx.entries.at(i)
+		if e.state != stateLive {
+			continue
+		}
+		ni := &s.mu.ns.list[e.ns]
+		out = append(out, RestoredBlock{Tenant: ni.tenant, Namespace: ni.namespace, Key: bytes.Clone(s.mu.idx.key(i)),
+			Offset: int64(e.page) << s.pageShift, Size: int64(e.size), CRC: e.crc, ExpiresUnixNano: s.mu.expires[i]})
+	}
+	return out, mark()
 }

@@ -251,9 +251,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	}
 	report.Expired = expired
 	report.Adopted = len(adopt) - expired
-	for _, b := range adopt {
-		report.AdoptedBytes += b.Size
-	}
+	report.AdoptedBytes = int64(st.Stats().StoredBytes) // less the expired
 	// The new journal holds what was adopted (expired blocks too: the
 	// store forgets them, and their records only cost a skip next time).
 	w, err := journal.Rewrite(jpath, hdr, keep)

@@ -151,8 +151,8 @@ func TestRestartKeepsTheArena(t *testing.T) {
 
 	n = p.mustStart()
 	r := n.persist.started
-	if r.Fresh || r.Adopted != len(blocks) || r.Dropped != 0 || r.TornJournalBytes != 0 {
-		t.Fatalf("restart: %+v; want %d adopted, nothing dropped or torn", r, len(blocks))
+	if r.Fresh || r.Adopted != len(blocks) || r.AdoptedBytes != int64(before.StoredBytes) || r.Dropped != 0 || r.TornJournalBytes != 0 {
+		t.Fatalf("restart: %+v; want %d adopted of %d bytes, nothing dropped or torn", r, len(blocks), before.StoredBytes)
 	}
 	// Used less reserved: same-host writers hold a spare reservation.
 	if after := n.Store().Stats(); after.Blocks != before.Blocks || after.StoredBytes != before.StoredBytes || after.UsedBytes-after.ReservedBytes != before.UsedBytes-before.ReservedBytes {

@@ -168,7 +168,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	want := segmentTrailer{capacityBytes: cfg.CapacityBytes, pageBytes: cfg.PageBytes}
 	report := RestoreReport{Fresh: true}
 	fresh := func() (*segment, *store.Store, *journal.Writer, error) {
-		seg, err := openSegmentSized("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, cfg.PageBytes, cfg.LockMemory, cfg.Prefault, true)
+		seg, err := createSegment("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, cfg.PageBytes, cfg.LockMemory, cfg.Prefault, true)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -265,16 +265,12 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 // record, on every core; ok[i] says block i is intact.
 func verifyBlocks(mem []byte, blocks []journal.Record) []bool {
 	ok := make([]bool, len(blocks))
-	var next sync.Mutex
-	i := 0
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			for {
-				next.Lock()
-				k := i
-				i++
-				next.Unlock()
+				k := int(next.Add(1) - 1)
 				if k >= len(blocks) {
 					return
 				}

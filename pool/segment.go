@@ -33,13 +33,9 @@ func openSegment(name, path string, size int64, lock, prefault bool) (*segment, 
 	return createSegment(name, path, size, 0, lock, prefault, false)
 }
 
-// openSegmentSized creates a persistent segment at path: an arena of
-// capacity bytes and a trailer page of page bytes after it, kept when the
-// segment closes.
-func openSegmentSized(name, path string, capacity, page int64, lock, prefault, keep bool) (*segment, error) {
-	return createSegment(name, path, capacity, page, lock, prefault, keep)
-}
-
+// createSegment creates the segment: size bytes of arena and, for a
+// persistent segment (keep: left at path when it closes), a trailer page
+// of trailer bytes after it.
 func createSegment(name, path string, size, trailer int64, lock, prefault, keep bool) (*segment, error) {
 	var f *os.File
 	if path == "" {

@@ -2,11 +2,9 @@ package store
 
 import (
 	"bytes"
-	"container/heap"
 	"errors"
 	"fmt"
 	"sort"
-	"sync/atomic"
 
 	"github.com/kvpool/kvpool/api"
 )
@@ -100,26 +98,7 @@ func (s *Store) Restore(blocks []RestoredBlock) (expired int, err error) {
 		if err != nil {
 			panic(fmt.Sprintf("store: restore: namespaces counted but refused: %v", err)) // checked above
 		}
-		idx := s.mu.idx.insert(ns, b.Key)
-		ni := &s.mu.ns.list[ns]
-		ni.refs++
-		e := s.mu.idx.entries.at(idx)
-		e.page, e.size, e.crc, e.state = page, uint32(b.Size), b.CRC, stateLive
-		if s.versions != nil {
-			atomic.StoreUint64(&s.versions[e.page], Pin{idx: idx, gen: e.gen}.Handle())
-		}
-		s.mu.livePages += uint64(pages)
-		s.mu.storedBytes += uint64(b.Size)
-		ni.blocks++
-		ni.storedBytes += uint64(b.Size)
-		t := ni.t
-		t.storedBytes += b.Size
-		t.blocks++
-		if b.ExpiresUnixNano != 0 {
-			s.mu.expires[idx] = b.ExpiresUnixNano
-			heap.Push(&s.mu.expiry, expiryItem{at: b.ExpiresUnixNano, handle: Pin{idx: idx, gen: e.gen}.Handle()})
-		}
-		t.policy.Add(s.blockLocked(idx, e), now)
+		s.addLiveLocked(ns, b.Key, page, b.Size, b.CRC, b.ExpiresUnixNano, now)
 	}
 	return expired, nil
 }

@@ -442,31 +442,14 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		}
 		return CommitResult{}, api.Errorf(api.ErrAlreadyExists, "store: key %x in %s/%s holds a different value", r.key, ni.tenant, ni.namespace)
 	}
-	idx := s.mu.idx.insert(r.ns, r.key)
-	s.mu.ns.list[r.ns].refs++ // the entry's; the reservation's goes below
-	e := s.mu.idx.entries.at(idx)
-	e.page, e.size, e.crc, e.state = r.page, uint32(r.size), crc, stateLive
-	if s.versions != nil {
-		atomic.StoreUint64(&s.versions[e.page], Pin{idx: idx, gen: e.gen}.Handle())
-	}
-	s.endReservationLocked(r)
-	pages := uint64(s.pagesFor(r.size))
-	s.mu.livePages += pages
-	s.mu.storedBytes += uint64(r.size)
 	ni := &s.mu.ns.list[r.ns]
-	ni.blocks++
-	ni.storedBytes += uint64(r.size)
-	t := ni.t
-	t.storedBytes += r.size
-	t.blocks++
 	now := s.now()
 	var expires int64
-	if ttl := t.cfg.DefaultTTL; ttl > 0 {
+	if ttl := ni.t.cfg.DefaultTTL; ttl > 0 {
 		expires = now.Add(ttl).UnixNano()
-		s.mu.expires[idx] = expires
-		heap.Push(&s.mu.expiry, expiryItem{at: expires, handle: Pin{idx: idx, gen: e.gen}.Handle()})
 	}
-	t.policy.Add(s.blockLocked(idx, e), now)
+	s.addLiveLocked(r.ns, r.key, r.page, r.size, crc, expires, now)
+	s.endReservationLocked(r) // after the entry took its namespace reference
 	if s.journal != nil {
 		s.journal.Committed(ni.tenant, ni.namespace, r.key, r.offset, r.size, crc, expires)
 	}
@@ -475,6 +458,33 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		s.sink.Added([]byte(ni.tenant), []byte(ni.namespace), r.key)
 	}
 	return CommitResult{CRC: crc}, nil
+}
+
+// addLiveLocked makes the block at page a live entry of namespace ns:
+// the index, the version word, the books of the arena, the namespace and
+// the tenant, its expiry (expires in Unix ns; 0 for none) and its
+// tenant's policy. Commit and Restore share it. REQUIRES: s.mu.
+func (s *Store) addLiveLocked(ns uint32, key []byte, page uint32, size int64, crc uint32, expires int64, now time.Time) {
+	idx := s.mu.idx.insert(ns, key)
+	ni := &s.mu.ns.list[ns]
+	ni.refs++ // the entry's
+	e := s.mu.idx.entries.at(idx)
+	e.page, e.size, e.crc, e.state = page, uint32(size), crc, stateLive
+	if s.versions != nil {
+		atomic.StoreUint64(&s.versions[e.page], Pin{idx: idx, gen: e.gen}.Handle())
+	}
+	s.mu.livePages += uint64(s.pagesFor(size))
+	s.mu.storedBytes += uint64(size)
+	ni.blocks++
+	ni.storedBytes += uint64(size)
+	t := ni.t
+	t.storedBytes += size
+	t.blocks++
+	if expires != 0 {
+		s.mu.expires[idx] = expires
+		heap.Push(&s.mu.expiry, expiryItem{at: expires, handle: Pin{idx: idx, gen: e.gen}.Handle()})
+	}
+	t.policy.Add(s.blockLocked(idx, e), now)
 }
 
 // pinLocked takes a reader's pin on entry idx. REQUIRES: s.mu.

@@ -357,7 +357,7 @@ func untilRepublished(ctx context.Context, observer *daemon, held map[int]bool, 
 
 type daemon struct {
 	cmd        *exec.Cmd
-	addr, shm  string
+	addr       string
 	etcd       string
 	done       chan error
 	cli        *api.Client
@@ -365,14 +365,8 @@ type daemon struct {
 }
 
 func startDaemon(bin, id string, args ...string) (*daemon, error) {
-	shm := ""
-	for i, a := range args {
-		if a == "--shm-socket" {
-			shm = args[i+1]
-		}
-	}
 	all := append([]string{"node", "serve", "--node-id", id, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--log-format", "json"}, args...)
-	d := &daemon{cmd: exec.Command(bin, all...), shm: shm, done: make(chan error, 1)}
+	d := &daemon{cmd: exec.Command(bin, all...), done: make(chan error, 1)}
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		return nil, err

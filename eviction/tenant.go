@@ -25,7 +25,28 @@ type TenantConfig struct {
 	// DefaultTTL is how long a block lives after it is stored; 0 means
 	// forever.
 	DefaultTTL time.Duration
+
+	// The node's disk tier, when it has one (pool/disk). NoDisk keeps the
+	// tenant's blocks in memory only.
+	NoDisk bool
+	// DiskAdmitReads is how many times a block must be read in memory
+	// before it is copied to disk, so that it survives leaving memory:
+	// blocks read once are rarely read again, and every write costs disk
+	// bandwidth and endurance (Dynamo's KVBM filters its SSD writes the
+	// same way). Default 2; 1 copies every block that is read.
+	DiskAdmitReads int
+	// DiskQuotaBytes caps what the tenant keeps on one node's disk, and is
+	// what disk-wide pressure never evicts it below, as QuotaBytes does in
+	// memory. 0 means no quota.
+	DiskQuotaBytes int64
 }
+
+// DefaultDiskAdmitReads is TenantConfig.DiskAdmitReads's default.
+const DefaultDiskAdmitReads = 2
+
+// MaxDiskAdmitReads bounds TenantConfig.DiskAdmitReads: a store counts a
+// block's reads in 7 bits.
+const MaxDiskAdmitReads = 127
 
 // Default watermarks.
 const (
@@ -37,6 +58,9 @@ const (
 func (c TenantConfig) WithDefaults() TenantConfig {
 	if c.Policy == 0 {
 		c.Policy = LRU
+	}
+	if c.DiskAdmitReads == 0 {
+		c.DiskAdmitReads = DefaultDiskAdmitReads
 	}
 	if c.High == 0 && c.Low == 0 {
 		c.High, c.Low = DefaultHigh, DefaultLow
@@ -67,6 +91,12 @@ func (c TenantConfig) Validate() error {
 	if c.DefaultTTL < 0 {
 		errs = append(errs, fmt.Errorf("default TTL %v must not be negative", c.DefaultTTL))
 	}
+	if c.DiskAdmitReads < 1 || c.DiskAdmitReads > MaxDiskAdmitReads {
+		errs = append(errs, fmt.Errorf("disk admission after %d reads: want 1 to %d", c.DiskAdmitReads, MaxDiskAdmitReads))
+	}
+	if c.DiskQuotaBytes < 0 {
+		errs = append(errs, fmt.Errorf("disk quota %d bytes must not be negative", c.DiskQuotaBytes))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("eviction: invalid tenant config: %w", err)
 	}
@@ -80,11 +110,15 @@ type tenantJSON struct {
 	High       float64 `json:"high_watermark"`
 	Low        float64 `json:"low_watermark"`
 	TTLSeconds float64 `json:"default_ttl_seconds,omitempty"`
+	NoDisk     bool    `json:"no_disk,omitempty"`
+	DiskReads  int     `json:"disk_admit_reads,omitempty"`
+	DiskQuota  int64   `json:"disk_quota_bytes,omitempty"`
 }
 
 // MarshalJSON encodes c as stored in etcd.
 func (c TenantConfig) MarshalJSON() ([]byte, error) {
-	return json.Marshal(tenantJSON{Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes, High: c.High, Low: c.Low, TTLSeconds: c.DefaultTTL.Seconds()})
+	return json.Marshal(tenantJSON{Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes, High: c.High, Low: c.Low, TTLSeconds: c.DefaultTTL.Seconds(),
+		NoDisk: c.NoDisk, DiskReads: c.DiskAdmitReads, DiskQuota: c.DiskQuotaBytes})
 }
 
 // UnmarshalJSON decodes and validates a stored config, filling defaults.
@@ -105,7 +139,8 @@ func (c *TenantConfig) UnmarshalJSON(b []byte) error {
 		errs = append(errs, fmt.Errorf("default TTL %v s: want 0 to 1e9", j.TTLSeconds))
 		j.TTLSeconds = 0
 	}
-	got := TenantConfig{Policy: k, QuotaBytes: j.QuotaBytes, High: j.High, Low: j.Low, DefaultTTL: time.Duration(j.TTLSeconds * float64(time.Second))}.WithDefaults()
+	got := TenantConfig{Policy: k, QuotaBytes: j.QuotaBytes, High: j.High, Low: j.Low, DefaultTTL: time.Duration(j.TTLSeconds * float64(time.Second)),
+		NoDisk: j.NoDisk, DiskAdmitReads: j.DiskReads, DiskQuotaBytes: j.DiskQuota}.WithDefaults()
 	if len(errs) == 0 {
 		if err := got.Validate(); err != nil {
 			errs = append(errs, err)

@@ -14,9 +14,12 @@ func TestTenantConfigJSON(t *testing.T) {
 		err  []string
 	}{
 		{in: `{"policy":"prefix-lru","quota_bytes":1048576,"high_watermark":0.9,"low_watermark":0.5,"default_ttl_seconds":30}`,
-			want: TenantConfig{Policy: PrefixLRU, QuotaBytes: 1 << 20, High: 0.9, Low: 0.5, DefaultTTL: 30 * time.Second}},
-		{in: `{}`, want: TenantConfig{Policy: LRU, High: 0.95, Low: 0.85}},
-		{in: `{"policy":"lfu","low_watermark":0.99}`, want: TenantConfig{Policy: LFU, High: 0.99, Low: 0.99}},
+			want: TenantConfig{Policy: PrefixLRU, QuotaBytes: 1 << 20, High: 0.9, Low: 0.5, DefaultTTL: 30 * time.Second, DiskAdmitReads: 2}},
+		{in: `{}`, want: TenantConfig{Policy: LRU, High: 0.95, Low: 0.85, DiskAdmitReads: 2}},
+		{in: `{"policy":"lfu","low_watermark":0.99}`, want: TenantConfig{Policy: LFU, High: 0.99, Low: 0.99, DiskAdmitReads: 2}},
+		{in: `{"no_disk":true}`, want: TenantConfig{Policy: LRU, High: 0.95, Low: 0.85, NoDisk: true, DiskAdmitReads: 2}},
+		{in: `{"disk_admit_reads":1,"disk_quota_bytes":4096}`, want: TenantConfig{Policy: LRU, High: 0.95, Low: 0.85, DiskAdmitReads: 1, DiskQuotaBytes: 4096}},
+		{in: `{"disk_admit_reads":128,"disk_quota_bytes":-1}`, err: []string{"disk admission after 128 reads: want 1 to 127", "disk quota -1 bytes"}},
 		{in: `{"policy":"mru"}`, err: []string{`unknown policy "mru"`, "prefix-lru"}},
 		{in: `{"quota_bytes":-1}`, err: []string{"quota -1 bytes must not be negative"}},
 		{in: `{"high_watermark":0.5,"low_watermark":0.8}`, err: []string{"low watermark 0.8 is above the high watermark 0.5"}},

@@ -71,59 +71,118 @@ func Replay(reqs []Request, k Kind, capacityBlocks int, ttl time.Duration) Repla
 	if capacityBlocks <= 0 {
 		return r
 	}
-	p := New(k, Config{Counters: capacityBlocks})
-	// expires holds the blocks present and their Expires.
-	expires := make(map[ID]time.Time, capacityBlocks)
-	cur := make(map[ID]struct{})
-	pinned := func(id ID) bool { _, ok := cur[id]; return ok }
+	c := newReplayCache(k, capacityBlocks)
 	for _, req := range reqs {
 		now := replayEpoch.Add(req.At)
-		clear(cur)
-		for _, id := range req.Blocks {
-			cur[id] = struct{}{}
-		}
+		c.pin(req.Blocks)
 		r.Requests++
 		prefix := true
 		for i, id := range req.Blocks {
 			r.Blocks++
-			if exp, ok := expires[id]; ok && !exp.IsZero() && !now.Before(exp) {
-				p.Remove(id)
-				delete(expires, id)
-			}
-			if _, ok := expires[id]; ok {
-				p.Touch(id, now)
+			if c.lookup(id, now) {
 				r.BlockHits++
 				if prefix {
 					r.PrefixHits++
 				}
 				continue
 			}
-			// A miss. Trace blocks are added with Hash 0, so a block's key
-			// hash is the one derived from its ID.
-			p.Miss(hashID(id))
 			prefix = false
-			b := Block{ID: id, Bytes: 1}
-			if i > 0 {
-				b.Parent = req.Blocks[i-1]
-			}
+			b := chainBlock(req.Blocks, i)
 			if ttl > 0 {
 				b.Expires = now.Add(ttl)
 			}
-			if len(expires) >= capacityBlocks {
-				v, ok := p.Victim(now, pinned)
-				if !ok || !p.Admit(b, v) {
-					r.Rejected++
-					continue
-				}
-				p.Remove(v)
-				delete(expires, v)
+			victim, stored := c.store(b, now)
+			if victim != 0 {
 				r.Evictions++
 			}
-			p.Add(b, now)
-			expires[id] = b.Expires
+			if !stored {
+				r.Rejected++
+			}
 		}
 	}
 	return r
+}
+
+// replayCache is the cache Replay simulates, and ReplayTiers' memory tier:
+// capacity equal-sized blocks ordered by a policy, with the blocks of the
+// request being replayed pinned.
+type replayCache struct {
+	p        Policy
+	capacity int // in blocks, > 0
+	// expires holds the blocks present and their Expires.
+	expires map[ID]time.Time
+	// cur holds the blocks of the request being replayed: the pinned ones.
+	cur    map[ID]struct{}
+	pinned func(ID) bool
+}
+
+// newReplayCache returns an empty cache of capacity > 0 blocks ordered by
+// a policy of kind k, with Config.Counters = capacity.
+func newReplayCache(k Kind, capacity int) *replayCache {
+	c := &replayCache{
+		p:        New(k, Config{Counters: capacity}),
+		capacity: capacity,
+		expires:  make(map[ID]time.Time, capacity),
+		cur:      make(map[ID]struct{}),
+	}
+	c.pinned = func(id ID) bool { _, ok := c.cur[id]; return ok }
+	return c
+}
+
+// pin pins blocks, the request about to be replayed, in place of the
+// previous request's.
+func (c *replayCache) pin(blocks []ID) {
+	clear(c.cur)
+	for _, id := range blocks {
+		c.cur[id] = struct{}{}
+	}
+}
+
+// lookup reports whether id is present at now. A present block is touched
+// (a hit). An expired block is removed first, so it is missing, as if the
+// pool's sweep had removed it. A missing block is reported to Miss: trace
+// blocks are added with Hash 0, so a block's key hash is the one derived
+// from its ID.
+func (c *replayCache) lookup(id ID, now time.Time) bool {
+	if exp, ok := c.expires[id]; ok && !exp.IsZero() && !now.Before(exp) {
+		c.p.Remove(id)
+		delete(c.expires, id)
+	}
+	if _, ok := c.expires[id]; ok {
+		c.p.Touch(id, now)
+		return true
+	}
+	c.p.Miss(hashID(id))
+	return false
+}
+
+// store adds b, missing, at now. If the cache is full, the policy's
+// Victim is evicted first, unless there is none unpinned or Admit refuses
+// b: then b is not stored (stored false). victim is the block evicted, 0
+// if none.
+func (c *replayCache) store(b Block, now time.Time) (victim ID, stored bool) {
+	if len(c.expires) >= c.capacity {
+		v, ok := c.p.Victim(now, c.pinned)
+		if !ok || !c.p.Admit(b, v) {
+			return 0, false
+		}
+		c.p.Remove(v)
+		delete(c.expires, v)
+		victim = v
+	}
+	c.p.Add(b, now)
+	c.expires[b.ID] = b.Expires
+	return victim, true
+}
+
+// chainBlock returns the block blocks[i] of a request, with blocks[i-1] as
+// its parent.
+func chainBlock(blocks []ID, i int) Block {
+	b := Block{ID: blocks[i], Bytes: 1}
+	if i > 0 {
+		b.Parent = blocks[i-1]
+	}
+	return b
 }
 
 // Belady replays reqs like Replay, but with Belady's offline optimum (MIN)

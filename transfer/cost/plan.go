@@ -54,6 +54,15 @@ type Node struct {
 	// (every local block counts as usable at once, as before engines
 	// reported their caches).
 	HostToGPUBytesPerSecond float64
+	// DiskBlocks is how many leading blocks the node holds in host
+	// memory or on its local disk tier (pool/disk); 0 when it has none,
+	// or no more than Blocks. The blocks [Blocks, DiskBlocks) are read
+	// from disk into host memory (a promote) at DiskBytesPerSecond, and
+	// cross to the GPU at the slower of that and HostToGPUBytesPerSecond.
+	DiskBlocks int
+	// DiskBytesPerSecond is the node's measured disk read rate. Required
+	// (> 0) when DiskBlocks > Blocks.
+	DiskBytesPerSecond float64
 	// Prefill is the node's engine's prefill cost. Required for
 	// candidates.
 	Prefill Prefill
@@ -120,8 +129,11 @@ type NodePlan struct {
 	// GPUBlocks the part of it in GPU memory.
 	LocalBlocks, GPUBlocks int
 	// LocalLoad is loading the local blocks the GPU lacks from host
-	// memory; every total includes it.
+	// memory, and those on the local disk from disk; every total
+	// includes it.
 	LocalLoad time.Duration
+	// DiskBlocks is the part of LocalBlocks read from the local disk.
+	DiskBlocks int
 	// PoolBlocks is p, the prefix held by Source, the source that gives
 	// this node its best plan; p = h and Source empty when no node holds
 	// more of the chain over a usable link.
@@ -202,6 +214,12 @@ func (r *Request) validate() error {
 		if n.HostToGPUBytesPerSecond < 0 || math.IsNaN(n.HostToGPUBytesPerSecond) || math.IsInf(n.HostToGPUBytesPerSecond, 0) {
 			bad("node %s: host-to-GPU rate %v must be a non-negative number", n.ID, n.HostToGPUBytesPerSecond)
 		}
+		if n.DiskBlocks < 0 || n.DiskBlocks > r.ChainBlocks {
+			bad("node %s holds %d blocks on disk of a %d-block chain", n.ID, n.DiskBlocks, r.ChainBlocks)
+		}
+		if n.DiskBlocks > n.Blocks && !(n.DiskBytesPerSecond > 0 && !math.IsInf(n.DiskBytesPerSecond, 0)) {
+			bad("node %s: disk read rate %v must be a positive number when it holds disk blocks", n.ID, n.DiskBytesPerSecond)
+		}
 		if n.Candidate {
 			candidates++
 			if n.Prefill == nil {
@@ -265,15 +283,27 @@ func (r *Request) planNode(c *Node, n int) NodePlan {
 	pn := c.Prefill.Seconds(float64(n))
 	h := max(c.Blocks, c.GPUBlocks)
 	// The local blocks the GPU lacks load first; a is the queue, then
-	// that load.
-	var localLoad time.Duration
+	// that load: host memory at the host-to-GPU rate, then the disk's
+	// blocks past them at the slower of the disk's and that rate.
+	var load float64
 	if c.HostToGPUBytesPerSecond > 0 && c.Blocks > c.GPUBlocks {
-		localLoad = seconds(float64(c.Blocks-c.GPUBlocks) * B * r.KVBytesPerToken / c.HostToGPUBytesPerSecond)
+		load = float64(c.Blocks-c.GPUBlocks) * B * r.KVBytesPerToken / c.HostToGPUBytesPerSecond
 	}
+	diskBlocks := 0
+	if c.DiskBlocks > h {
+		diskBlocks = c.DiskBlocks - h
+		bw := c.DiskBytesPerSecond
+		if h2d := c.HostToGPUBytesPerSecond; h2d > 0 {
+			bw = min(bw, h2d)
+		}
+		load += float64(diskBlocks) * B * r.KVBytesPerToken / bw
+		h = c.DiskBlocks
+	}
+	localLoad := seconds(load)
 	a := c.Queue + localLoad
 	recompute := seconds(pn - P(h))
 	np := NodePlan{
-		Node: c.ID, Queue: c.Queue, LocalBlocks: h, GPUBlocks: min(c.GPUBlocks, h), LocalLoad: localLoad, PoolBlocks: h,
+		Node: c.ID, Queue: c.Queue, LocalBlocks: h, GPUBlocks: min(c.GPUBlocks, h), LocalLoad: localLoad, DiskBlocks: diskBlocks, PoolBlocks: h,
 		Recompute: recompute, Remainder: recompute,
 		RecomputeTotal: a + recompute, FetchTotal: a + recompute,
 		SplitBlocks: h, SplitTotal: a + recompute,

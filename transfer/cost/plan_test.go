@@ -136,6 +136,30 @@ func TestPlanExact(t *testing.T) {
 			},
 		},
 		{
+			// Host memory holds 2 blocks, the disk 3 more: blocks 2..4
+			// (300 kB) promote at min(disk 2 MB/s, h2d 4 MB/s), 150 ms,
+			// after 2 blocks (200 kB) of host-to-GPU, 50 ms; then 500 ms
+			// of prefill past block 5. A node without the disk recomputes
+			// 800 ms.
+			name: "disk tier behind host memory",
+			req: base([]Node{
+				{ID: "a", Candidate: true, Prefill: c, Blocks: 2, DiskBlocks: 5, DiskBytesPerSecond: 2e6, HostToGPUBytesPerSecond: 4e6},
+				{ID: "b", Candidate: true, Prefill: c, Blocks: 2, DiskBlocks: 1, DiskBytesPerSecond: 2e6},
+			}, links{}),
+			want: []NodePlan{
+				{
+					Node: "a", LocalBlocks: 5, LocalLoad: ms(200), DiskBlocks: 3, PoolBlocks: 5, Recompute: ms(500), Remainder: ms(500),
+					RecomputeTotal: ms(700), FetchTotal: ms(700), SplitBlocks: 5, SplitTotal: ms(700),
+					Plan: Recompute, Total: ms(700),
+				},
+				{
+					Node: "b", LocalBlocks: 2, PoolBlocks: 2, Recompute: ms(800), Remainder: ms(800),
+					RecomputeTotal: ms(800), FetchTotal: ms(800), SplitBlocks: 2, SplitTotal: ms(800),
+					Plan: Recompute, Total: ms(800),
+				},
+			},
+		},
+		{
 			// The same without the split: the pure fetch wins.
 			name: "local prefix, fast link, no split",
 			req: func() *Request {
@@ -306,6 +330,8 @@ func TestPlanRejectsBadRequests(t *testing.T) {
 		"negative node blocks": func(r *Request) { r.Nodes[0].Blocks = -1 },
 		"gpu beyond chain":     func(r *Request) { r.Nodes[0].GPUBlocks = 11 },
 		"negative h2d":         func(r *Request) { r.Nodes[0].HostToGPUBytesPerSecond = -1 },
+		"disk beyond chain":    func(r *Request) { r.Nodes[0].DiskBlocks = 11 },
+		"disk without rate":    func(r *Request) { r.Nodes[0].DiskBlocks = 10 },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -33,10 +33,18 @@ type entry struct {
 	keyLen uint8
 	state  uint8
 	// parent is the eviction id (index+1) of the block before this one in
-	// its prefix chain, 0 if unknown (learned by Store.Locate). It fills what was
-	// padding: the entry stays 40 bytes.
+	// its prefix chain, 0 if unknown (learned by Store.Locate).
 	parent uint32
+	// reads counts the block's reads in its low 7 bits (saturating) for
+	// the disk tier's admission; readsOffered is set once the block was
+	// offered to the disk. The entry is 48 bytes.
+	reads uint8
 }
+
+const (
+	readsMask    = 0x7f
+	readsOffered = 0x80
+)
 
 const (
 	stateFree uint8 = iota

@@ -49,6 +49,9 @@ type Store struct {
 	// journal hears of the same under mu, in order; nil when the node
 	// keeps no journal. Set by SetJournal before use.
 	journal Journal
+	// spiller is offered the blocks a tenant's disk policy admits; nil
+	// without a disk tier. Set by SetSpiller before use.
+	spiller Spiller
 	// defaultTenant is the config of tenants without a stored policy;
 	// highWatermark and lowWatermark are fractions of the arena (see
 	// Config).
@@ -102,6 +105,23 @@ type Journal interface {
 	// Its pages may be reused after this call.
 	Unlinked(tenant, namespace string, key []byte)
 }
+
+// Spiller copies admitted blocks to a disk tier behind the arena
+// (pool/disk), so they outlive their eviction from memory. Offer is
+// called under the store's lock when a block's reads reach its tenant's
+// DiskAdmitReads (again after as many more reads when it declined): it
+// MUST NOT block or call the store.
+// It owns pin from then on and MUST Release it (outside the lock) once it
+// has copied the bytes, or at once when it declines; it returns false to
+// decline without taking the pin. The strings and key are only valid
+// during the call.
+type Spiller interface {
+	Offer(tenant, namespace string, key []byte, pin Pin, expiresUnixNano int64) bool
+}
+
+// SetSpiller makes sp hear of the blocks admitted to the disk from now
+// on. Call it before the store is used concurrently.
+func (s *Store) SetSpiller(sp Spiller) { s.spiller = sp }
 
 // SetJournal makes j hear of every block committed and unlinked from now
 // on. Call it before the store is used concurrently.
@@ -519,7 +539,33 @@ func (s *Store) Acquire(tenant, ns, key []byte) (Pin, error) {
 	t := s.mu.ns.list[e.ns].t
 	t.hits++
 	t.policy.Touch(evictionID(idx), s.now())
+	s.countReadLocked(idx, e, t)
 	return s.pinLocked(idx), nil
+}
+
+// countReadLocked counts a read of entry idx and offers the block to the
+// disk tier once its tenant's admission is met. REQUIRES: s.mu.
+func (s *Store) countReadLocked(idx uint32, e *entry, t *tenantState) {
+	if s.spiller == nil || t.cfg.NoDisk || e.reads&readsOffered != 0 {
+		return
+	}
+	if e.reads&readsMask < readsMask {
+		e.reads++
+	}
+	if int(e.reads&readsMask) < t.cfg.DiskAdmitReads {
+		return
+	}
+	e.reads |= readsOffered
+	ni := &s.mu.ns.list[e.ns]
+	pin := s.pinLocked(idx)
+	if !s.spiller.Offer(ni.tenant, ni.namespace, s.mu.idx.key(idx), pin, s.mu.expires[idx]) {
+		// Declined (the disk already holds it, or is busy): the block
+		// is offered again after as many reads more.
+		e.reads = 0
+		if err := s.releaseLocked(pin.idx, pin.gen); err != nil {
+			panic(err)
+		}
+	}
 }
 
 func (s *Store) lookupLocked(tenant, ns, key []byte) (uint32, bool) {

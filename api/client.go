@@ -306,6 +306,17 @@ func (c *Client) Locate(ctx context.Context, tenant, namespace string, chain [][
 	return int(resp.GetPrefixBlocks()), nil
 }
 
+// LocateTiers is Locate that also says how many of the leading blocks
+// are in the node's host memory; the rest of the prefix is on its disk
+// tier (memory = total on a node without one).
+func (c *Client) LocateTiers(ctx context.Context, tenant, namespace string, chain [][]byte) (total, memory int, err error) {
+	resp, err := c.rpc.Locate(ctx, &kvpoolv1.LocateRequest{Tenant: tenant, Namespace: namespace, Keys: chain})
+	if err != nil {
+		return 0, 0, FromStatus(err)
+	}
+	return int(resp.GetPrefixBlocks()), int(resp.GetMemoryPrefixBlocks()), nil
+}
+
 // LocateLease is Locate that also takes a read lease of d on the prefix
 // the node holds: until it ends those blocks are not evicted and Remove
 // fails unless forced. d ≤ 0 takes the node's default (10 s unless

@@ -33,6 +33,7 @@ type Config struct {
 	TransferConfig
 	PlanConfig
 	PersistConfig
+	DiskConfig
 
 	// Version is reported by Info. Default "dev".
 	Version string
@@ -347,6 +348,7 @@ func (c *Config) validate() error {
 	errs = append(errs, c.TransferConfig.validate()...)
 	errs = append(errs, c.PlanConfig.validate()...)
 	errs = append(errs, c.PersistConfig.validate()...)
+	errs = append(errs, c.DiskConfig.validate()...)
 	if c.Transport == transfer.ProtocolSHM && c.DisableShm {
 		errs = append(errs, errors.New("transport shm needs shared memory, which is disabled"))
 	}

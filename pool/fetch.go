@@ -40,6 +40,12 @@ type fetchStore interface {
 	Locate(tenant, ns []byte, chain [][]byte) (int, error)
 }
 
+// promoter brings blocks from a node's disk tier into memory. *tiers
+// implements it; a store without a disk does not.
+type promoter interface {
+	Promote(tenant, ns []byte, keys [][]byte) []error
+}
+
 // holderView is what the fetcher needs to know of the cluster: who holds
 // a block and which nodes are alive. *cluster implements it; nil means
 // the node runs standalone.
@@ -103,6 +109,13 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	exists, err := f.store.Exists([]byte(tenant), []byte(namespace), keys)
 	if err != nil {
 		return nil, err
+	}
+	if p, ok := f.store.(promoter); ok {
+		// Blocks on the local disk come into memory first; one the disk
+		// fails to serve is fetched from a peer like a missing one.
+		for i, err := range p.Promote([]byte(tenant), []byte(namespace), keys) {
+			exists[i] = exists[i] && err == nil
+		}
 	}
 	// The keys come as a chain: Locate, once the blocks are here, tells
 	// prefix-aware policies who follows whom.

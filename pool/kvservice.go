@@ -327,11 +327,18 @@ func (s *kvService) Exists(_ context.Context, req *kvpoolv1.ExistsRequest) (*kvp
 
 func (s *kvService) Locate(_ context.Context, req *kvpoolv1.LocateRequest) (*kvpoolv1.LocateResponse, error) {
 	tenant, ns := []byte(req.GetTenant()), []byte(req.GetNamespace())
-	k, err := s.store.Locate(tenant, ns, req.GetKeys())
+	var memory, k int
+	var err error
+	if t, ok := s.store.(diskPrefixer); ok {
+		memory, k, err = t.Prefix(tenant, ns, req.GetKeys())
+	} else {
+		k, err = s.store.Locate(tenant, ns, req.GetKeys())
+		memory = k
+	}
 	if err != nil {
 		return nil, err
 	}
-	out := &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), NodeId: s.info.GetNodeId()}
+	out := &kvpoolv1.LocateResponse{PrefixBlocks: uint32(k), MemoryPrefixBlocks: uint32(memory), NodeId: s.info.GetNodeId()}
 	if s.gpu != nil {
 		out.GpuPrefixBlocks = uint32(s.gpu.Prefix(req.GetTenant(), req.GetNamespace(), req.GetKeys()))
 	}
@@ -504,7 +511,7 @@ func nodePlanProto(a *PlanAnswer, np *cost.NodePlan) *kvpoolv1.NodePlan {
 	return &kvpoolv1.NodePlan{
 		NodeId: np.Node, Accelerator: info.Accelerator, PrefillTokensPerSecond: info.PrefillTokensPerSecond,
 		QueueSeconds: np.Queue.Seconds(), LocalBlocks: uint32(np.LocalBlocks), GpuBlocks: uint32(np.GPUBlocks),
-		LocalLoadSeconds: np.LocalLoad.Seconds(), PoolBlocks: uint32(np.PoolBlocks),
+		LocalLoadSeconds: np.LocalLoad.Seconds(), DiskBlocks: uint32(np.DiskBlocks), PoolBlocks: uint32(np.PoolBlocks),
 		Source: np.Source, LinkBytesPerSecond: np.Link.BytesPerSecond, LinkRttSeconds: np.Link.RTT.Seconds(),
 		LinkMeasured: info.LinkMeasured, FetchBytes: np.FetchBytes, TransferSeconds: np.Transfer.Seconds(),
 		RecomputeSeconds: np.Recompute.Seconds(), RemainderSeconds: np.Remainder.Seconds(),

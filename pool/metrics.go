@@ -13,6 +13,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata"
+	"github.com/kvpool/kvpool/pool/disk"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
@@ -278,4 +279,73 @@ func (pc persistCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descJournalBytes, prometheus.GaugeValue, float64(pc.p.journal.Size()))
 	ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(pc.p.flushErrors.Load()))
 	ch <- prometheus.MustNewConstMetric(descCompactions, prometheus.CounterValue, float64(pc.p.compactions.Load()))
+}
+
+// diskCollector reports the disk tier (pool/disk) and its promotions.
+type diskCollector struct {
+	disk  *disk.Tier
+	tiers *tiers
+}
+
+var (
+	descDiskBlocks   = prometheus.NewDesc("kvpool_disk_blocks", "Blocks on the node's disk tier.", nil, nil)
+	descDiskBytes    = prometheus.NewDesc("kvpool_disk_bytes", "Bytes of the disk tier's files (a 4 KiB header and the block padded to 4 KiB each).", nil, nil)
+	descDiskCapacity = prometheus.NewDesc("kvpool_disk_capacity_bytes", "The disk tier's capacity (--disk-capacity).", nil, nil)
+	descDiskPending  = prometheus.NewDesc("kvpool_disk_pending_bytes", "Bytes offered to the disk and not yet written; they stay pinned in the arena until then.", nil, nil)
+	descDiskSpills   = prometheus.NewDesc("kvpool_disk_spills_total", "Blocks copied from memory to disk.", nil, nil)
+	descDiskSpilled  = prometheus.NewDesc("kvpool_disk_spilled_bytes_total", "Bytes copied from memory to disk.", nil, nil)
+	descDiskSkips    = prometheus.NewDesc("kvpool_disk_spill_skips_total", "Blocks offered to the disk and not written, by reason: too_large, queue_full, quota, full, expired, removed.", []string{"reason"}, nil)
+	descDiskWriteErr = prometheus.NewDesc("kvpool_disk_write_errors_total", "Failed disk writes, by reason: no_space (the file system is full), io. The block stays in memory only.", []string{"reason"}, nil)
+	descDiskReads    = prometheus.NewDesc("kvpool_disk_reads_total", "Blocks read from disk (promoted into memory).", nil, nil)
+	descDiskReadB    = prometheus.NewDesc("kvpool_disk_read_bytes_total", "Bytes read from disk.", nil, nil)
+	descDiskReadErr  = prometheus.NewDesc("kvpool_disk_read_errors_total", "Disk reads that failed, by reason: missing, io, truncated, header, checksum. The block is dropped from the disk and the read is a miss (DataLoss once).", []string{"reason"}, nil)
+	descDiskEvicted  = prometheus.NewDesc("kvpool_disk_evictions_total", "Blocks the disk tier evicted for room (a tenant's disk quota or the tier's capacity).", nil, nil)
+	descDiskExpired  = prometheus.NewDesc("kvpool_disk_expired_total", "Disk blocks deleted when their TTL ended.", nil, nil)
+	descDiskRate     = prometheus.NewDesc("kvpool_disk_read_bytes_per_second", "The disk's measured read rate (a moving average of promotions; a probe's until the first): what Plan prices a local disk block at.", nil, nil)
+	descDiskPromoted = prometheus.NewDesc("kvpool_disk_promotions_total", "Disk blocks promoted into memory by a read, a lease or a fetch, by outcome: ok, failed.", []string{"outcome"}, nil)
+	descDiskOpened   = prometheus.NewDesc("kvpool_disk_opened_blocks", "What the node found on its disk at start, by outcome: adopted, dropped (bad header or length), expired, evicted (past the capacity), partial (unfinished writes).", []string{"outcome"}, nil)
+)
+
+func (dc diskCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDiskBlocks, descDiskBytes, descDiskCapacity, descDiskPending, descDiskSpills, descDiskSpilled,
+		descDiskSkips, descDiskWriteErr, descDiskReads, descDiskReadB, descDiskReadErr, descDiskEvicted, descDiskExpired, descDiskRate,
+		descDiskPromoted, descDiskOpened} {
+		ch <- d
+	}
+}
+
+func (dc diskCollector) Collect(ch chan<- prometheus.Metric) {
+	s := dc.disk.Stats()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(descDiskBlocks, float64(s.Blocks))
+	gauge(descDiskBytes, float64(s.Bytes))
+	gauge(descDiskCapacity, float64(s.CapacityBytes))
+	gauge(descDiskPending, float64(s.PendingBytes))
+	counter(descDiskSpills, s.Spilled)
+	counter(descDiskSpilled, s.SpilledBytes)
+	for _, r := range disk.SkipReasons {
+		counter(descDiskSkips, s.Skips[r], r)
+	}
+	for _, r := range disk.WriteFailures {
+		counter(descDiskWriteErr, s.WriteFailures[r], r)
+	}
+	counter(descDiskReads, s.Read)
+	counter(descDiskReadB, s.ReadBytes)
+	for _, r := range disk.ReadFailures {
+		counter(descDiskReadErr, s.ReadFailures[r], r)
+	}
+	counter(descDiskEvicted, s.Evicted)
+	counter(descDiskExpired, s.Expired)
+	gauge(descDiskRate, s.ReadBytesPerSecond)
+	counter(descDiskPromoted, dc.tiers.promoted.Load(), "ok")
+	counter(descDiskPromoted, dc.tiers.promoteFailed.Load(), "failed")
+	o := dc.disk.Opened()
+	for outcome, v := range map[string]int{"adopted": o.Blocks, "dropped": o.Dropped, "expired": o.Expired, "evicted": o.Evicted, "partial": o.Partial} {
+		gauge(descDiskOpened, float64(v), outcome)
+	}
 }

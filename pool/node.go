@@ -24,6 +24,7 @@ import (
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata/engines"
+	"github.com/kvpool/kvpool/pool/disk"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
@@ -48,10 +49,15 @@ type Node struct {
 	seg      *segment
 	versions *segment // the store's version words (store.New); nil without shared memory
 	store    *store.Store
-	metrics  *metrics
-	hostID   string
-	cluster  *cluster // nil for a standalone node
-	engine   *engineLoad
+	// disk is the disk tier behind the arena; nil without DiskDir.
+	disk *disk.Tier
+	// blocks is what the handlers read and write: the store, or the
+	// store in front of the disk (tiers).
+	blocks  blockStore
+	metrics *metrics
+	hostID  string
+	cluster *cluster // nil for a standalone node
+	engine  *engineLoad
 
 	// Transfers: every transport serves the arena as arenaRegion to peers
 	// (shm only with shared memory on); the fetcher pulls with the one
@@ -129,6 +135,12 @@ func New(cfg Config) (*Node, error) {
 		n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)
 	}
 	n.seg = seg
+	n.blocks = n.store
+	if cfg.DiskDir != "" {
+		if err := n.openDisk(log.With("component", "disk")); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
+	}
 	if n.gate, err = newGatekeeper(&cfg.SecurityConfig, cfg.Now, n.log); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}
@@ -164,6 +176,11 @@ func New(cfg Config) (*Node, error) {
 	}
 	if n.metrics, err = newMetrics(cfg.Registerer, n.store, &n.doors.limits); err != nil {
 		return nil, errors.Join(err, n.Close())
+	}
+	if n.disk != nil {
+		if err := cfg.Registerer.Register(diskCollector{n.disk, n.blocks.(*tiers)}); err != nil {
+			return nil, errors.Join(err, n.Close())
+		}
 	}
 	if n.persist != nil {
 		if err := cfg.Registerer.Register(persistCollector{n.persist}); err != nil {
@@ -215,7 +232,13 @@ func New(cfg Config) (*Node, error) {
 		if n.cluster, err = newCluster(n, log); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
-		n.store.SetSink(n.cluster.member)
+		if n.disk != nil {
+			sink := tieredSink{next: n.cluster.member, memory: n.store, disk: n.disk}
+			n.store.SetSink(sink)
+			n.disk.SetSink(sink)
+		} else {
+			n.store.SetSink(n.cluster.member)
+		}
 		n.engine.refresh = n.cluster.gossip.Refresh
 		if err := cfg.Registerer.Register(&clusterCollector{n.cluster}); err != nil {
 			return nil, errors.Join(err, n.Close())
@@ -228,11 +251,14 @@ func New(cfg Config) (*Node, error) {
 
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
-		store: n.store, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
+		store: n.blocks, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
 		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
 	}
-	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.store, cluster: view, links: n.links,
+	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.blocks, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL)}
+	if t, ok := n.blocks.(*tiers); ok {
+		n.planner.disk = t
+	}
 	if len(cfg.EngineEvents) > 0 {
 		t, err := engines.New(engines.Config{Engines: cfg.EngineEvents, Logger: log.With("component", "engine-events"), Now: cfg.Now})
 		if err != nil {
@@ -260,7 +286,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	leases := leaseLimits{def: cfg.LeaseDefault, max: cfg.LeaseMax}
 	n.data = &dataServer{
-		store: n.store, replicas: n.fetcher, fetch: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
+		store: n.blocks, replicas: n.fetcher, fetch: n.fetcher, leases: leases, metrics: n.metrics, log: n.log,
 		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: wire.NewSpinners(), hello: n.hello,
 		gate: n.gate, grants: n.grants,
 	}
@@ -286,7 +312,7 @@ func New(cfg Config) (*Node, error) {
 	)...)
 	n.grpcT.RegisterServer(n.grpcSrv)
 	kv := &kvService{
-		info: n.info(), store: n.store, leases: leases, fetch: n.fetcher, replicas: n.fetcher, plan: n.planner,
+		info: n.info(), store: n.blocks, leases: leases, fetch: n.fetcher, replicas: n.fetcher, plan: n.planner,
 		engine: n.engine, stopping: n.stopping, tasks: &n.doors.tasks, reservationTimeout: cfg.ReservationTimeout, getChunkBytes: cfg.GetChunkBytes,
 		memoryLocked: seg.locked, now: cfg.Now,
 	}
@@ -295,7 +321,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, kv)
 	admin := &adminService{self: cfg.NodeID, transport: cfg.Transport.String(), links: n.links, tenants: n.store,
-		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.store), now: cfg.Now}
+		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.blocks), now: cfg.Now}
 	if n.cluster != nil {
 		admin.cluster = n.cluster
 		admin.gpu = n.gpuPrefix
@@ -432,6 +458,9 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.persist != nil {
 		g.Go("journal", func() error { return n.persist.run(ctx) })
 	}
+	if n.disk != nil {
+		g.Go("disk writers", func() error { return n.disk.Run(ctx) })
+	}
 	g.Go("grpc server", func() error {
 		if err := n.grpcSrv.Serve(n.doors.grpc); !errors.Is(err, grpc.ErrServerStopped) {
 			return err
@@ -566,6 +595,9 @@ func (n *Node) sweep(ctx context.Context) {
 				n.log.Warn("reclaimed expired reservations", "count", k)
 			}
 			n.store.Sweep(now)
+			if n.disk != nil {
+				n.disk.Sweep(now)
+			}
 		}
 	}
 }
@@ -588,10 +620,13 @@ func (n *Node) Close() error {
 		if n.fetcher != nil {
 			n.fetcher.peers.Close()
 		}
+		if n.disk != nil {
+			n.closeErr = errors.Join(n.closeErr, n.disk.Close())
+		}
 		if n.persist != nil {
 			// Every server has stopped committing: the journal holds
 			// every committed block once this returns.
-			n.closeErr = n.persist.close()
+			n.closeErr = errors.Join(n.closeErr, n.persist.close())
 		}
 		if n.seg != nil {
 			n.closeErr = errors.Join(n.closeErr, n.seg.close())
@@ -617,3 +652,6 @@ func (n *Node) httpHandler() http.Handler {
 	})
 	return mux
 }
+
+// Disk returns the node's disk tier; nil without one.
+func (n *Node) Disk() *disk.Tier { return n.disk }

@@ -91,6 +91,15 @@ type planner struct {
 	// placed are the requests its plans placed that their nodes have not
 	// reported yet.
 	placed *placements
+	// disk is this node's disk tier; nil without one.
+	disk diskPrefixer
+}
+
+// diskPrefixer says how much of a chain this node holds in memory and on
+// its disk tier, and how fast the disk reads. *tiers implements it.
+type diskPrefixer interface {
+	Prefix(tenant, ns []byte, chain [][]byte) (memory, total int, err error)
+	ReadBytesPerSecond() float64
 }
 
 // Plan answers q from the live location mirror, gossiped load and the
@@ -129,7 +138,12 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	if prompt == 0 {
 		prompt = len(q.Keys) * q.BlockTokens
 	}
-	local, err := p.localPrefix(q.Tenant, q.Namespace, q.Keys)
+	var local, onDisk int
+	if p.disk != nil {
+		local, onDisk, err = p.disk.Prefix([]byte(q.Tenant), []byte(q.Namespace), q.Keys)
+	} else {
+		local, err = p.localPrefix(q.Tenant, q.Namespace, q.Keys)
+	}
 	if err != nil {
 		return PlanAnswer{}, err
 	}
@@ -173,6 +187,11 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 	everyNode := len(want) == 0 // decided once: the loop empties want
 	for _, ni := range nodes {
 		node := cost.Node{ID: ni.rec.ID, Blocks: ni.hold, Candidate: everyNode || want[ni.rec.ID]}
+		if ni.rec.ID == p.self && onDisk > local {
+			// The local disk is a link like any other, at its measured
+			// read rate.
+			node.DiskBlocks, node.DiskBytesPerSecond = onDisk, p.disk.ReadBytesPerSecond()
+		}
 		switch {
 		case ni.rec.ID == p.self && p.gpu != nil:
 			node.GPUBlocks = p.gpu.Prefix(q.Tenant, q.Namespace, q.Keys)

@@ -44,6 +44,9 @@ type (
 		NodeID       string `json:"node_id"`
 		ChainBlocks  int    `json:"chain_blocks"`
 		PrefixBlocks int    `json:"prefix_blocks"`
+		// MemoryBlocks of PrefixBlocks are in host memory, the rest on
+		// the node's disk tier.
+		MemoryBlocks int    `json:"memory_prefix_blocks"`
 		LeaseUntil   string `json:"lease_until,omitempty"`
 	}
 	fetchJSON struct {
@@ -228,24 +231,30 @@ func blockLocateCmd(e *env) *cobra.Command {
 				return err
 			}
 			return f.withClient(cmd, func(ctx context.Context, c *api.Client) error {
-				var n int
+				var n, memory int
 				var until time.Time
 				if cmd.Flags().Changed("lease") {
+					// A lease promotes the disk's blocks: all in memory.
 					n, until, err = c.LocateLease(ctx, f.tenant, f.namespace, chain, lease) // --lease alone: the node's default
+					memory = n
 				} else {
-					n, err = c.Locate(ctx, f.tenant, f.namespace, chain)
+					n, memory, err = c.LocateTiers(ctx, f.tenant, f.namespace, chain)
 				}
 				if err != nil {
 					return err
 				}
 				if f.asJSON {
-					out := locateJSON{NodeID: c.Info().GetNodeId(), ChainBlocks: len(chain), PrefixBlocks: n}
+					out := locateJSON{NodeID: c.Info().GetNodeId(), ChainBlocks: len(chain), PrefixBlocks: n, MemoryBlocks: memory}
 					if !until.IsZero() {
 						out.LeaseUntil = until.UTC().Format(time.RFC3339Nano)
 					}
 					return printJSON(e.stdout, out)
 				}
-				fmt.Fprintf(e.stdout, "node %s holds %d of %d leading blocks\n", c.Info().GetNodeId(), n, len(chain))
+				fmt.Fprintf(e.stdout, "node %s holds %d of %d leading blocks", c.Info().GetNodeId(), n, len(chain))
+				if memory < n {
+					fmt.Fprintf(e.stdout, " (%d in memory, %d on disk)", memory, n-memory)
+				}
+				fmt.Fprintln(e.stdout)
 				if !until.IsZero() {
 					fmt.Fprintf(e.stdout, "leased until %s: not evicted, and removed only with --force, until then\n", until.UTC().Format(time.RFC3339))
 				}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata/embedded"
 	"github.com/kvpool/kvpool/pool/bench"
+	"github.com/kvpool/kvpool/pool/disk"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -108,6 +109,8 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var asJSON, quiet bool
 	var cpuProfile string
 	var remote, authCompare bool
+	var diskDir string
+	var diskIO disk.IOMode
 	rc := bench.RemoteConfig{Transport: transfer.ProtocolTCP, Conns: 2, ChainBlocks: 16}
 	so := soakOptions{keys: 1024, maxValue: 1 << 20}
 	c := &cobra.Command{
@@ -123,6 +126,13 @@ the physical baseline it must be judged against:
                          gets of blocks a client read before skip the node
                          (--no-location-cache makes every get ask it)
   --path grpc            as data
+  --path disk            a node's disk tier (--disk-dir, on the disk to measure):
+                         blocks spilled by its writers against plain writes of
+                         as many files of the same size by as many writers, and
+                         Fetches promoting blocks only the disk holds against
+                         plain sequential reads of those files, with the same
+                         I/O mode (--disk-io); working set default 1GiB, four
+                         times the arena
 
 With --soak DURATION, bench runs a mixed workload instead: put (plain and,
 on shm, reserve/commit), get (copied and, on shm, zero-copy views) and remove,
@@ -148,6 +158,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
   kvpool node bench --op get --path shm --block-size 2MiB --json
   kvpool node bench --server 10.0.0.5:7070 --op put --clients 2
   kvpool node bench --remote --transport tcp --conns 2 --block-size 2MiB --json
+  kvpool node bench --path disk --disk-dir /mnt/nvme --rounds 3 --json
   kvpool node bench --soak 30m`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -161,9 +172,12 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				}
 				return runSoak(cmd.Context(), e, cfg.Server, capacity, so, asJSON)
 			}
-			p, err := api.ParsePath(path)
-			if err != nil {
-				return usage(err)
+			var p api.Path
+			var err error
+			if path != "disk" {
+				if p, err = api.ParsePath(path); err != nil {
+					return usage(err)
+				}
 			}
 			if !remote && cfg.Op != "get" && cfg.Op != "put" {
 				return usagef("--op %q: want get or put", cfg.Op)
@@ -188,6 +202,16 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 					return err
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if path == "disk" {
+				dc := bench.DiskConfig{Dir: diskDir, IO: diskIO, BlockBytes: int(blockBytes), Clients: cfg.Clients, Duration: cfg.Duration, Rounds: cfg.Rounds}
+				if cmd.Flags().Changed("working-set") {
+					dc.WorkingSetBytes = cfg.WorkingSetBytes
+				}
+				if !quiet {
+					dc.Progress = &bench.Progress{W: e.stderr, Terminal: isTerminal(e.stderr)}
+				}
+				return benchDisk(cmd, e, dc, asJSON)
 			}
 			if authCompare {
 				res, err := bench.RunAuth(cmd.Context(), cfg)
@@ -236,7 +260,9 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.IntVar(&cfg.Clients, "clients", cfg.Clients, "concurrent clients, one connection each")
 	f.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of the measured phase of each round (the baseline takes as long again)")
 	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat baseline-half, measure, baseline-half this many times; figures sum over all rounds")
-	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc")
+	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc; or disk, the disk tier")
+	f.StringVar(&diskDir, "disk-dir", "", "with --path disk: the directory to measure in (default $TMPDIR)")
+	f.Var(&diskIO, "disk-io", "with --path disk: auto, direct or buffered")
 	f.Var(sizeV(&cfg.WorkingSetBytes), "working-set", "distinct block data gets cycle through (default 128MiB)")
 	f.Var(sizeV(&cfg.CapacityBytes), "capacity", "arena size of the in-process node (default 4GiB)")
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
@@ -283,4 +309,27 @@ func isTerminal(w any) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// benchDisk runs and prints a disk-tier benchmark.
+func benchDisk(cmd *cobra.Command, e *env, dc bench.DiskConfig, asJSON bool) error {
+	res, err := bench.RunDisk(cmd.Context(), dc)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(e.stdout, res)
+	}
+	mode := "buffered"
+	if res.Direct {
+		mode = "direct"
+	}
+	fmt.Fprintf(e.stdout, "disk tier, %s blocks, %d blocks, %d clients, %s I/O\n", formatSize(int64(res.BlockBytes)), res.Blocks, res.Clients, mode)
+	fmt.Fprintf(e.stdout, "  spill       %.2f GB/s  plain writes %.2f GB/s  ratio %.3f\n", res.SpillGBps, res.WriteBaselineGBps, res.SpillRatio)
+	fmt.Fprintf(e.stdout, "  promote     %.2f GB/s  plain reads  %.2f GB/s  ratio %.3f  (%d promotes, p50 %.3f ms, p99 %.3f ms)\n",
+		res.PromoteGBps, res.ReadBaselineGBps, res.PromoteRatio, res.Promotes, res.P50Ms, res.P99Ms)
+	for i, r := range res.Rounds {
+		fmt.Fprintf(e.stdout, "  round %d     promote %.2f GB/s, plain reads %.2f GB/s, ratio %.3f\n", i+1, r.PromoteGBps, r.ReadBaselineGBps, r.Ratio)
+	}
+	return nil
 }

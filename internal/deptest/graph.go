@@ -49,6 +49,10 @@ var Graph = map[string]Rules{
 	// knows nothing of the store whose blocks it records.
 	"pool/journal": {Forbidden: append(own("pool", "pool/store", "pool/bench", "pool/replay", "metadata/...", "transfer/...", "eviction/...", "cmd/...", "test/..."),
 		"go.etcd.io/...", "github.com/hashicorp/...", "github.com/prometheus/...")},
+	// The disk tier: block files on the eviction policies and api's
+	// checksum; it knows nothing of the store in front of it.
+	"pool/disk": {Forbidden: append(own("pool", "pool/store", "pool/journal", "pool/bench", "pool/replay", "metadata/...", "transfer/...", "cmd/...", "test/..."),
+		"go.etcd.io/...", "github.com/hashicorp/...", "github.com/prometheus/...")},
 	// The node wires api, eviction, metadata and transfer, and links no
 	// etcd server; the bench harness runs nodes on an etcd it is given.
 	"pool":       {Forbidden: append(own("metadata/embedded", "pool/bench", "cmd/...", "test/...", "internal/..."), etcdServer)},

@@ -1143,8 +1143,12 @@ type LocateResponse struct {
 	// How many leading keys one of this node's engines holds in GPU
 	// memory, from its KV events (0 when it follows none).
 	GpuPrefixBlocks uint32 `protobuf:"varint,4,opt,name=gpu_prefix_blocks,json=gpuPrefixBlocks,proto3" json:"gpu_prefix_blocks,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Of prefix_blocks, how many leading keys are in host memory; the rest
+	// are on the node's disk tier (equal to prefix_blocks without one). A
+	// lease promotes them into memory first.
+	MemoryPrefixBlocks uint32 `protobuf:"varint,5,opt,name=memory_prefix_blocks,json=memoryPrefixBlocks,proto3" json:"memory_prefix_blocks,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *LocateResponse) Reset() {
@@ -1201,6 +1205,13 @@ func (x *LocateResponse) GetLeaseUntilUnixMs() int64 {
 func (x *LocateResponse) GetGpuPrefixBlocks() uint32 {
 	if x != nil {
 		return x.GpuPrefixBlocks
+	}
+	return 0
+}
+
+func (x *LocateResponse) GetMemoryPrefixBlocks() uint32 {
+	if x != nil {
+		return x.MemoryPrefixBlocks
 	}
 	return 0
 }
@@ -2909,10 +2920,13 @@ type NodePlan struct {
 	// memory, from its KV events (0 when it reports none).
 	GpuBlocks uint32 `protobuf:"varint,22,opt,name=gpu_blocks,json=gpuBlocks,proto3" json:"gpu_blocks,omitempty"`
 	// Loading the local blocks the GPU lacks from host memory, at the
-	// node's host-to-GPU rate; included in every total.
+	// node's host-to-GPU rate, and those on its disk tier at the disk's
+	// measured read rate; included in every total.
 	LocalLoadSeconds float64 `protobuf:"fixed64,23,opt,name=local_load_seconds,json=localLoadSeconds,proto3" json:"local_load_seconds,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Of local_blocks, those read from the node's disk tier (a promote).
+	DiskBlocks    uint32 `protobuf:"varint,24,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodePlan) Reset() {
@@ -3102,6 +3116,13 @@ func (x *NodePlan) GetGpuBlocks() uint32 {
 func (x *NodePlan) GetLocalLoadSeconds() float64 {
 	if x != nil {
 		return x.LocalLoadSeconds
+	}
+	return 0
+}
+
+func (x *NodePlan) GetDiskBlocks() uint32 {
+	if x != nil {
+		return x.DiskBlocks
 	}
 	return 0
 }
@@ -3317,12 +3338,13 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x19\n" +
 	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x12\x14\n" +
-	"\x05lease\x18\x05 \x01(\bR\x05lease\"\xa9\x01\n" +
+	"\x05lease\x18\x05 \x01(\bR\x05lease\"\xdb\x01\n" +
 	"\x0eLocateResponse\x12#\n" +
 	"\rprefix_blocks\x18\x01 \x01(\rR\fprefixBlocks\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12-\n" +
 	"\x13lease_until_unix_ms\x18\x03 \x01(\x03R\x10leaseUntilUnixMs\x12*\n" +
-	"\x11gpu_prefix_blocks\x18\x04 \x01(\rR\x0fgpuPrefixBlocks\"L\n" +
+	"\x11gpu_prefix_blocks\x18\x04 \x01(\rR\x0fgpuPrefixBlocks\x120\n" +
+	"\x14memory_prefix_blocks\x18\x05 \x01(\rR\x12memoryPrefixBlocks\"L\n" +
 	"\rRemoveRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.kvpool.v1.BlockKeyR\x03key\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
@@ -3463,7 +3485,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x06 \x01(\x04R\fpromptTokens\x123\n" +
 	"\x15reference_accelerator\x18\a \x01(\tR\x14referenceAccelerator\x129\n" +
 	"\x19prefill_tokens_per_second\x18\b \x01(\x01R\x16prefillTokensPerSecond\x12;\n" +
-	"\x1abreakeven_bytes_per_second\x18\t \x01(\x01R\x17breakevenBytesPerSecond\"\xa7\a\n" +
+	"\x1abreakeven_bytes_per_second\x18\t \x01(\x01R\x17breakevenBytesPerSecond\"\xc8\a\n" +
 	"\bNodePlan\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vaccelerator\x18\x02 \x01(\tR\vaccelerator\x129\n" +
@@ -3491,7 +3513,9 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x1abreakeven_bytes_per_second\x18\x15 \x01(\x01R\x17breakevenBytesPerSecond\x12\x1d\n" +
 	"\n" +
 	"gpu_blocks\x18\x16 \x01(\rR\tgpuBlocks\x12,\n" +
-	"\x12local_load_seconds\x18\x17 \x01(\x01R\x10localLoadSeconds\"\x1a\n" +
+	"\x12local_load_seconds\x18\x17 \x01(\x01R\x10localLoadSeconds\x12\x1f\n" +
+	"\vdisk_blocks\x18\x18 \x01(\rR\n" +
+	"diskBlocks\"\x1a\n" +
 	"\x18WatchEngineCachesRequest\"\xc8\x01\n" +
 	"\x19WatchEngineCachesResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +

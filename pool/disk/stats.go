@@ -49,7 +49,7 @@ type counters struct {
 	spilled, spilledBytes atomic.Uint64
 	read, readBytes       atomic.Uint64
 	evicted, expired      atomic.Uint64
-	writeNanos            atomic.Uint64
+	writeNanos, readNanos atomic.Uint64
 	skips                 [6]atomic.Uint64 // by SkipReasons
 	writeFailures         [2]atomic.Uint64 // by WriteFailures
 	readFailures          [5]atomic.Uint64 // by ReadFailures
@@ -79,7 +79,8 @@ type Stats struct {
 	Spilled, SpilledBytes uint64 // blocks written
 	Read, ReadBytes       uint64 // blocks read (promoted)
 	Evicted, Expired      uint64
-	WriteSeconds          float64
+	WriteSeconds          float64 // in the writers' file writes
+	ReadSeconds           float64 // in reads (file I/O and the CRC)
 	ReadBytesPerSecond    float64
 
 	Skips         map[string]uint64 // offers not written, by SkipReasons
@@ -102,6 +103,7 @@ func (t *Tier) Stats() Stats {
 	s.Read, s.ReadBytes = c.read.Load(), c.readBytes.Load()
 	s.Evicted, s.Expired = c.evicted.Load(), c.expired.Load()
 	s.WriteSeconds = float64(c.writeNanos.Load()) / 1e9
+	s.ReadSeconds = float64(c.readNanos.Load()) / 1e9
 	s.ReadBytesPerSecond = t.rate.get()
 	s.Skips = make(map[string]uint64, len(SkipReasons))
 	for i, r := range SkipReasons {

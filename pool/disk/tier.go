@@ -915,6 +915,7 @@ func (t *Tier) Read(tenantName, namespace, key, dst []byte) (uint32, error) {
 	}
 	t.stats.read.Add(1)
 	t.stats.readBytes.Add(uint64(len(dst)))
+	t.stats.readNanos.Add(uint64(took))
 	t.rate.add(float64(len(dst)), took)
 	return crc, nil
 }
@@ -932,8 +933,11 @@ func (t *Tier) readFile(path string, want *block, dst []byte) (uint32, string, e
 	defer unix.Close(fd)
 	hdr := pageBuffers.Get().(*[]byte)
 	defer pageBuffers.Put(hdr)
-	crc, err := t.readChecked(fd, *hdr, dst)
-	if err != nil {
+	// One read of the header and the block, then one CRC pass (about
+	// 0.2 ms for 2 MiB). Splitting the read into parts read at once, or
+	// in order with the CRC of each taken during the next's, was slower
+	// on the disks measured (kvpool node bench --path disk).
+	if err := t.readData(fd, *hdr, dst); err != nil {
 		if errors.Is(err, errShort) {
 			return 0, failTruncated, err
 		}
@@ -946,6 +950,7 @@ func (t *Tier) readFile(path string, want *block, dst []byte) (uint32, string, e
 	if h.tenant != want.tenant.name || h.namespace != want.namespace || string(h.key) != string(want.key) || h.size != want.size || h.crc != want.crc {
 		return 0, failHeader, fmt.Errorf("%w: the file holds %s/%s/%x (%d bytes, crc %08x)", errHeader, h.tenant, h.namespace, h.key, h.size, h.crc)
 	}
+	crc := api.Checksum(dst)
 	if crc != h.crc {
 		return 0, failChecksum, fmt.Errorf("disk: the block's bytes have CRC %08x, its header says %08x", crc, h.crc)
 	}

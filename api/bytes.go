@@ -272,6 +272,9 @@ func (v *View) Close() {
 	v.once.Do(func() {
 		if v.s != nil {
 			v.s.release(v.handle)
+			if v.s.views.Add(-1) == 0 && v.s.viewClosed != nil {
+				v.s.viewClosed()
+			}
 		}
 	})
 }

@@ -203,7 +203,8 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		s, err := attachShm(ictx, c.info, cfg, wc)
 		switch {
 		case err == nil:
-			c.path, c.bytes = PathShm, s
+			r := newReattachingShm(s, c.info, cfg, wc)
+			c.path, c.bytes = PathShm, r
 		case c.path == PathShm:
 			cc.Close()
 			return nil, err

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -69,6 +70,18 @@ type shmPath struct {
 	// spare is a reservation the node made ahead of this session's next
 	// put (wire.FlagReserveNext); handle 0 when there is none.
 	spare spare
+	// views counts the views taken and not closed: a path replaced after
+	// its node restarted stays mapped while any is open (reattachingShm),
+	// and viewClosed hears when one closes.
+	views      atomic.Int64
+	viewClosed func()
+}
+
+// isBroken reports whether the session with the node has ended.
+func (s *shmPath) isBroken() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broken != nil
 }
 
 // spare is a reservation reserved ahead: a put of its size into its tenant
@@ -350,6 +363,7 @@ func (s *shmPath) pin(ctx context.Context, k BlockKey, l lease) (*View, error) {
 		return nil, err
 	}
 	v := &View{s: s, handle: resp.Handle, offset: int64(resp.Offset), crc: resp.CRC}
+	s.views.Add(1)
 	if v.mem, err = s.region(resp.Offset, resp.ValueLen); err != nil {
 		v.Close()
 		return nil, err

@@ -351,3 +351,69 @@ func TestJournalCompactsWhileServing(t *testing.T) {
 	}
 	checkBlocks(t, n, live)
 }
+
+// A same-host client outlives its node's restart: once the node is back
+// on the same socket, its next calls attach again, map the segment anew
+// and read the blocks the node kept; zero-copy views taken before stay
+// readable until closed.
+func TestShmClientReattachesAfterRestart(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	p.cfg.ListenAddr = n.Addr().String() // the same address again
+	blocks := putBlocks(t, n, api.PathShm, "before", 10)
+	c := dial(t, n, api.PathShm)
+	k := api.BlockKey{Tenant: "t", Namespace: "before", Key: []byte("k001")}
+	view, err := c.View(context.Background(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := blocks["before/k001"]
+	p.stop()
+	// A block this client has not read needs the node.
+	if _, err := c.Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: "before", Key: []byte("k002")}, make([]byte, 1<<20)); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("get with the node down: %v, want Unavailable", err)
+	}
+	n = p.mustStart()
+	buf := make([]byte, 1<<20)
+	for name, v := range blocks {
+		ns, key, _ := strings.Cut(name, "/")
+		var m int
+		err := eventuallyNil(func() error {
+			var err error
+			m, err = c.Get(context.Background(), api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte(key)}, buf)
+			return err
+		})
+		if err != nil || !bytes.Equal(buf[:m], v) {
+			t.Fatalf("%s after the restart: %v", name, err)
+		}
+	}
+	if c.Path() != api.PathShm {
+		t.Fatalf("path %v after the restart", c.Path())
+	}
+	v := value(99, 5000)
+	nk := api.BlockKey{Tenant: "t", Namespace: "after", Key: []byte("new")}
+	if err := c.Put(context.Background(), nk, v); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := dial(t, n, api.PathData).Get(context.Background(), nk, buf); err != nil || !bytes.Equal(buf[:m], v) {
+		t.Fatalf("put through the new session: %v", err)
+	}
+	// The old view's mapping is still there until it is closed.
+	if !bytes.Equal(view.Bytes(), want) {
+		t.Fatal("a view taken before the restart changed")
+	}
+	view.Close()
+}
+
+// eventuallyNil retries f for up to 10 s while it fails with Unavailable
+// (a session that broke is attached again at most every 100 ms).
+func eventuallyNil(f func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil || !errors.Is(err, api.ErrUnavailable) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -140,6 +140,8 @@ func tenantConfigFromProto(p *kvpoolv1.TenantPolicy) (string, eviction.TenantCon
 		ttl = 0
 	}
 	cfg.QuotaBytes, cfg.High, cfg.Low = p.GetQuotaBytes(), p.GetHighWatermark(), p.GetLowWatermark()
+	cfg.NoDisk, cfg.DiskQuotaBytes = p.GetNoDisk(), p.GetDiskQuotaBytes()
+	cfg.DiskAdmitReads = int(min(p.GetDiskAdmitReads(), eviction.MaxDiskAdmitReads+1)) // past the bound: Validate says so
 	cfg.DefaultTTL = time.Duration(ttl * float64(time.Second))
 	if cfg.Policy != 0 || p.GetPolicy() == "" {
 		cfg = cfg.WithDefaults()
@@ -155,5 +157,6 @@ func tenantConfigFromProto(p *kvpoolv1.TenantPolicy) (string, eviction.TenantCon
 
 func tenantPolicyProto(tenant string, c eviction.TenantConfig) *kvpoolv1.TenantPolicy {
 	return &kvpoolv1.TenantPolicy{Tenant: tenant, Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes,
-		HighWatermark: c.High, LowWatermark: c.Low, DefaultTtlSeconds: c.DefaultTTL.Seconds()}
+		HighWatermark: c.High, LowWatermark: c.Low, DefaultTtlSeconds: c.DefaultTTL.Seconds(),
+		NoDisk: c.NoDisk, DiskAdmitReads: uint32(c.DiskAdmitReads), DiskQuotaBytes: c.DiskQuotaBytes}
 }

@@ -242,18 +242,27 @@ type Policy struct {
 	// DefaultTTLSeconds expires blocks this long after they are stored; 0
 	// never.
 	DefaultTTLSeconds float64 `json:"default_ttl_seconds"`
+	// NoDisk keeps the tenant's blocks off the nodes' disk tiers;
+	// DiskAdmitReads is how many reads in memory copy a block to disk (0:
+	// the default, 2); DiskQuotaBytes caps the tenant on one node's disk
+	// (0: none).
+	NoDisk         bool  `json:"no_disk,omitempty"`
+	DiskAdmitReads int   `json:"disk_admit_reads,omitempty"`
+	DiskQuotaBytes int64 `json:"disk_quota_bytes,omitempty"`
 	// StoredUnixMs is when SetPolicy stored it (SetPolicy's answer only).
 	StoredUnixMs int64 `json:"stored_unix_ms,omitempty"`
 }
 
 func (p Policy) proto() *kvpoolv1.TenantPolicy {
 	return &kvpoolv1.TenantPolicy{Tenant: p.Tenant, Policy: p.Kind, QuotaBytes: p.QuotaBytes, HighWatermark: p.High,
-		LowWatermark: p.Low, DefaultTtlSeconds: p.DefaultTTLSeconds}
+		LowWatermark: p.Low, DefaultTtlSeconds: p.DefaultTTLSeconds,
+		NoDisk: p.NoDisk, DiskAdmitReads: uint32(max(p.DiskAdmitReads, 0)), DiskQuotaBytes: p.DiskQuotaBytes}
 }
 
 func policyFromProto(p *kvpoolv1.TenantPolicy) Policy {
 	return Policy{Tenant: p.GetTenant(), Kind: p.GetPolicy(), QuotaBytes: p.GetQuotaBytes(), High: p.GetHighWatermark(),
-		Low: p.GetLowWatermark(), DefaultTTLSeconds: p.GetDefaultTtlSeconds()}
+		Low: p.GetLowWatermark(), DefaultTTLSeconds: p.GetDefaultTtlSeconds(),
+		NoDisk: p.GetNoDisk(), DiskAdmitReads: int(p.GetDiskAdmitReads()), DiskQuotaBytes: p.GetDiskQuotaBytes()}
 }
 
 // SetPolicy stores p; every daemon applies it within a second. It returns

@@ -496,13 +496,14 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 
 	// Policies, set on a and read back through b.
 	var p admin.Policy
-	decode(t, mustOK(t, kv(t, nil, "policy", "set", "--server", a.addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB", "--high", "0.9", "--low", "0.5", "--ttl", "1h", "--json")), &p)
-	if p.Kind != "lfu" || p.QuotaBytes != 2<<20 || p.DefaultTTLSeconds != 3600 || p.StoredUnixMs == 0 {
+	decode(t, mustOK(t, kv(t, nil, "policy", "set", "--server", a.addr, "--tenant", "acme", "--policy", "lfu", "--quota", "2MiB", "--high", "0.9", "--low", "0.5", "--ttl", "1h",
+		"--disk-admit-reads", "3", "--disk-quota", "8MiB", "--json")), &p)
+	if p.Kind != "lfu" || p.QuotaBytes != 2<<20 || p.DefaultTTLSeconds != 3600 || p.StoredUnixMs == 0 || p.DiskAdmitReads != 3 || p.DiskQuotaBytes != 8<<20 || p.NoDisk {
 		t.Fatalf("policy set --json: %+v", p)
 	}
 	var got admin.Policy
 	decode(t, mustOK(t, kv(t, nil, "policy", "get", "--server", b.addr, "--tenant", "acme", "--json")), &got)
-	if got.Kind != "lfu" || got.High != 0.9 || got.StoredUnixMs != 0 {
+	if got.Kind != "lfu" || got.High != 0.9 || got.StoredUnixMs != 0 || got.DiskAdmitReads != 3 || got.DiskQuotaBytes != 8<<20 {
 		t.Fatalf("policy get --json: %+v", got)
 	}
 	var ps []admin.Policy

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/admin"
+	"github.com/kvpool/kvpool/eviction"
 )
 
 func policyCmd(e *env) *cobra.Command {
@@ -53,6 +54,12 @@ func policySetCmd(e *env) *cobra.Command {
 			if ttl < 0 {
 				errs = append(errs, fmt.Errorf("--ttl %v must not be negative", ttl))
 			}
+			if p.DiskAdmitReads < 0 || p.DiskAdmitReads > eviction.MaxDiskAdmitReads {
+				errs = append(errs, fmt.Errorf("--disk-admit-reads %d: want 1 to %d", p.DiskAdmitReads, eviction.MaxDiskAdmitReads))
+			}
+			if p.DiskQuotaBytes < 0 {
+				errs = append(errs, fmt.Errorf("--disk-quota %d must not be negative", p.DiskQuotaBytes))
+			}
 			p.DefaultTTLSeconds = ttl.Seconds()
 			if err := errors.Join(errs...); err != nil {
 				return usage(err)
@@ -76,6 +83,9 @@ func policySetCmd(e *env) *cobra.Command {
 	fl.DurationVar(&ttl, "ttl", 0, "blocks expire this long after they are stored; 0 means never")
 	fl.Float64Var(&p.High, "high", 0, "high watermark, a fraction of the quota (default 0.95)")
 	fl.Float64Var(&p.Low, "low", 0, "low watermark, a fraction of the quota (default 0.85)")
+	fl.BoolVar(&p.NoDisk, "no-disk", false, "keep the tenant's blocks off the nodes' disk tiers (--disk-dir)")
+	fl.IntVar(&p.DiskAdmitReads, "disk-admit-reads", 0, "copy a block to the node's disk tier once it has been read this many times in memory, 1 to 127 (default 2)")
+	fl.Var(sizeV(&p.DiskQuotaBytes), "disk-quota", "most the tenant keeps on one node's disk tier, e.g. 1TiB; 0 for no cap")
 	return c
 }
 
@@ -147,13 +157,17 @@ func policyDeleteCmd(e *env) *cobra.Command {
 
 func printPolicies(w io.Writer, ps []admin.Policy) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tHIGH\tLOW\tTTL")
+	fmt.Fprintln(tw, "TENANT\tPOLICY\tQUOTA\tHIGH\tLOW\tTTL\tDISK")
 	for _, p := range ps {
 		ttl := "never"
 		if p.DefaultTTLSeconds > 0 {
 			ttl = time.Duration(p.DefaultTTLSeconds * float64(time.Second)).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.2f\t%s\n", p.Tenant, p.Kind, quota(p.QuotaBytes), p.High, p.Low, ttl)
+		disk := "off"
+		if !p.NoDisk {
+			disk = fmt.Sprintf("after %d reads, quota %s", max(p.DiskAdmitReads, 1), quota(p.DiskQuotaBytes))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\n", p.Tenant, p.Kind, quota(p.QuotaBytes), p.High, p.Low, ttl, disk)
 	}
 	tw.Flush()
 }

@@ -40,8 +40,16 @@ type TenantPolicy struct {
 	LowWatermark  float64 `protobuf:"fixed64,5,opt,name=low_watermark,json=lowWatermark,proto3" json:"low_watermark,omitempty"`
 	// Blocks expire this long after they are stored; 0 means never.
 	DefaultTtlSeconds float64 `protobuf:"fixed64,6,opt,name=default_ttl_seconds,json=defaultTtlSeconds,proto3" json:"default_ttl_seconds,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The nodes' disk tiers (--disk-dir): no_disk keeps the tenant's blocks
+	// in memory only; otherwise a block is copied to disk once read
+	// disk_admit_reads times (0: the default, 2; at most 127), and
+	// disk_quota_bytes caps what the tenant keeps on one node's disk (0:
+	// no cap).
+	NoDisk         bool   `protobuf:"varint,7,opt,name=no_disk,json=noDisk,proto3" json:"no_disk,omitempty"`
+	DiskAdmitReads uint32 `protobuf:"varint,8,opt,name=disk_admit_reads,json=diskAdmitReads,proto3" json:"disk_admit_reads,omitempty"`
+	DiskQuotaBytes int64  `protobuf:"varint,9,opt,name=disk_quota_bytes,json=diskQuotaBytes,proto3" json:"disk_quota_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TenantPolicy) Reset() {
@@ -112,6 +120,27 @@ func (x *TenantPolicy) GetLowWatermark() float64 {
 func (x *TenantPolicy) GetDefaultTtlSeconds() float64 {
 	if x != nil {
 		return x.DefaultTtlSeconds
+	}
+	return 0
+}
+
+func (x *TenantPolicy) GetNoDisk() bool {
+	if x != nil {
+		return x.NoDisk
+	}
+	return false
+}
+
+func (x *TenantPolicy) GetDiskAdmitReads() uint32 {
+	if x != nil {
+		return x.DiskAdmitReads
+	}
+	return 0
+}
+
+func (x *TenantPolicy) GetDiskQuotaBytes() int64 {
+	if x != nil {
+		return x.DiskQuotaBytes
 	}
 	return 0
 }
@@ -1535,7 +1564,7 @@ var File_kvpool_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\x1a\x16kvpool/v1/kvpool.proto\"\xdb\x01\n" +
+	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\x1a\x16kvpool/v1/kvpool.proto\"\xc8\x02\n" +
 	"\fTenantPolicy\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +
@@ -1543,7 +1572,10 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"quotaBytes\x12%\n" +
 	"\x0ehigh_watermark\x18\x04 \x01(\x01R\rhighWatermark\x12#\n" +
 	"\rlow_watermark\x18\x05 \x01(\x01R\flowWatermark\x12.\n" +
-	"\x13default_ttl_seconds\x18\x06 \x01(\x01R\x11defaultTtlSeconds\"C\n" +
+	"\x13default_ttl_seconds\x18\x06 \x01(\x01R\x11defaultTtlSeconds\x12\x17\n" +
+	"\ano_disk\x18\a \x01(\bR\x06noDisk\x12(\n" +
+	"\x10disk_admit_reads\x18\b \x01(\rR\x0ediskAdmitReads\x12(\n" +
+	"\x10disk_quota_bytes\x18\t \x01(\x03R\x0ediskQuotaBytes\"C\n" +
 	"\x10SetPolicyRequest\x12/\n" +
 	"\x06policy\x18\x01 \x01(\v2\x17.kvpool.v1.TenantPolicyR\x06policy\"j\n" +
 	"\x11SetPolicyResponse\x12/\n" +

@@ -91,6 +91,11 @@ type NodePrefix struct {
 	// events; meaningful only when GPUFollowed (else unknown).
 	GPUBlocks   int  `json:"gpu_prefix_blocks"`
 	GPUFollowed bool `json:"gpu_followed"`
+	// MemoryBlocks of Blocks are in host memory and the rest on the
+	// node's disk tier, as the node itself said (TiersKnown); the map
+	// says only that the node holds them.
+	MemoryBlocks int  `json:"memory_prefix_blocks,omitempty"`
+	TiersKnown   bool `json:"tiers_known,omitempty"`
 }
 
 // Locate answers, from the daemon's mirror, how much of the chain every

@@ -88,9 +88,11 @@ func clusterLocateCmd(e *env) *cobra.Command {
 --hex), or the prompt's tokens (--tokens-file with --block-tokens, hashed with
 --scheme and --seed as the engine hashes them). It prints, for every live
 node, how many leading blocks it holds in each tier: GPU (its engines' own
-caches, from their KV events; "-" where the daemon does not follow them) and
-HOST (the node's kvpool memory); then the deepest host prefix and who holds
-it, and how much of the chain the pool holds anywhere.`,
+caches, from their KV events; "-" where the daemon does not follow them),
+HOST (the node's kvpool memory) and DISK (its disk tier, --disk-dir: each
+node holding part of the chain is asked; "?" where it did not answer, HOST
+then counting both); then the deepest prefix and who holds it, and how much
+of the chain the pool holds anywhere.`,
 		Example: `  kvpool cluster locate --tenant acme --namespace llama3-8b --tokens-file prompt.txt --block-tokens 16
   kvpool cluster locate --tenant acme --namespace llama3-8b --hex --keys 9f3a...,77c1...`,
 		Args: noArgs,
@@ -104,8 +106,14 @@ it, and how much of the chain the pool holds anywhere.`,
 			}
 			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
 				loc, err := a.Locate(ctx, f.tenant, f.namespace, chain)
-				if err != nil || f.asJSON {
-					return printOr(e, err, loc)
+				if err != nil {
+					return err
+				}
+				if err := f.askTiers(ctx, a, &loc, chain); err != nil {
+					return err
+				}
+				if f.asJSON {
+					return printJSON(e.stdout, loc)
 				}
 				printLocate(e.stdout, &loc)
 				return nil
@@ -119,11 +127,12 @@ it, and how much of the chain the pool holds anywhere.`,
 }
 
 // printLocate prints the per-node prefix table of a cluster locate: per
-// tier, the GPU's (the engines' caches, "-" where not followed) and the
-// node's host memory.
+// tier, the GPU's (the engines' caches, "-" where not followed), the
+// node's host memory and its disk tier ("?" for a node that did not
+// answer; HOST is then memory and disk together).
 func printLocate(w io.Writer, loc *admin.Location) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "NODE\tGPU\tHOST\tOF %d\n", loc.ChainBlocks)
+	fmt.Fprintf(tw, "NODE\tGPU\tHOST\tDISK\tOF %d\n", loc.ChainBlocks)
 	for _, n := range loc.Nodes {
 		gpu := "-"
 		if n.GPUFollowed {
@@ -135,8 +144,15 @@ func printLocate(w io.Writer, loc *admin.Location) {
 		if n.GPUFollowed {
 			g = scale(n.GPUBlocks)
 		}
-		bar := strings.Repeat("#", g) + strings.Repeat("+", max(scale(n.Blocks)-g, 0))
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", n.Node, gpu, n.Blocks, bar)
+		// '#' for blocks in GPU memory, '+' in host memory, '.' only on disk.
+		host, disk := strconv.Itoa(n.Blocks), "?"
+		memory := n.Blocks
+		if n.TiersKnown {
+			memory = n.MemoryBlocks
+			host, disk = strconv.Itoa(memory), strconv.Itoa(n.Blocks-memory)
+		}
+		bar := strings.Repeat("#", g) + strings.Repeat("+", max(scale(memory)-g, 0)) + strings.Repeat(".", max(scale(n.Blocks)-max(scale(memory), g), 0))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Node, gpu, host, disk, bar)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "deepest prefix: %d blocks on %s\n", loc.DeepestBlocks, dash(strings.Join(loc.DeepestNodes, ", ")))
@@ -248,4 +264,40 @@ takes RTT + FIXED + n·PER BLOCK + log2(n)·PER DOUBLING + n·b / BANDWIDTH.`,
 	}
 	adminFlags(c, &f)
 	return c
+}
+
+// askTiers asks every node that holds part of the chain how much of it is
+// in its host memory and how much on its disk tier (the cluster map says
+// only that it holds the blocks). A node that cannot be reached keeps
+// TiersKnown false.
+func (f *clientFlags) askTiers(ctx context.Context, a *admin.Client, loc *admin.Location, chain [][]byte) error {
+	nodes, err := a.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	addrs := map[string]string{}
+	for _, n := range nodes.Nodes {
+		addrs[n.ID] = n.Addrs["grpc"]
+	}
+	for i := range loc.Nodes {
+		np := &loc.Nodes[i]
+		addr := addrs[np.Node]
+		if np.Blocks == 0 || addr == "" {
+			continue
+		}
+		cfg := api.ClientConfig{Server: addr, Path: api.PathGRPC}
+		if err := f.creds.apply(&cfg); err != nil {
+			return err
+		}
+		c, err := api.Dial(ctx, cfg)
+		if err != nil {
+			continue
+		}
+		total, memory, err := c.LocateTiers(ctx, f.tenant, f.namespace, chain[:np.Blocks])
+		c.Close()
+		if err == nil && total == np.Blocks {
+			np.MemoryBlocks, np.TiersKnown = memory, true
+		}
+	}
+	return nil
 }

@@ -88,7 +88,10 @@ func TestPollingReaderBacksOffSpinsThatMiss(t *testing.T) {
 	late := func() { // the byte comes well after the spin
 		t.Helper()
 		go func() {
-			time.Sleep(5 * time.Millisecond) // a client busy elsewhere, by construction
+			// A client busy elsewhere, by construction: 100 times the
+			// spin, so a reader descheduled mid-spin on a loaded machine
+			// (the suite runs packages in parallel) still misses it.
+			time.Sleep(20 * time.Millisecond)
 			a.Write([]byte("x"))
 		}()
 		if _, err := r.Read(buf); err != nil {

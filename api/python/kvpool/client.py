@@ -32,6 +32,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import warnings
 from collections import namedtuple
 
@@ -581,6 +582,79 @@ def _remove_over(conn, tenant, ns, keys, force):
     return out
 
 
+class _ReattachingShm:
+    """The shared-memory path of a client that outlives its node's
+    restarts. When the session breaks (the node stopped or was killed),
+    the next call attaches again (a new session, the segment mapped anew:
+    a node restarted with a data directory serves the same blocks), at most
+    every REATTACH_S while the node is down; a read or put that found the
+    session broken is retried once on the new one (blocks are immutable: a
+    put that had committed commits again as existed). A removal is not
+    retried. Views and reservations of the old session keep its mapping
+    alive until they are dropped."""
+
+    REATTACH_S = 0.1
+
+    def __init__(self, path, args):
+        self._cur, self._args = path, args
+        self._lock = threading.Lock()
+        self._last_try = 0.0
+        self.reattached = 0
+
+    def _path(self, force=False):
+        with self._lock:
+            cur = self._cur
+            if cur._broken is None or cur._closed:
+                return cur
+            now = time.monotonic()
+            if not force and now - self._last_try < self.REATTACH_S:
+                return cur
+            self._last_try = now
+            try:
+                nxt = _ShmPath(*self._args)
+            except errors.KVPoolError:
+                return cur  # still down: cur raises its error
+            cur.close()  # the mapping lives on in the views handed out
+            self._cur = nxt
+            self.reattached += 1
+            return nxt
+
+    def _retry(self, name, *args):
+        s = self._path()
+        try:
+            return getattr(s, name)(*args)
+        except errors.Unavailable:
+            if s._broken is None:
+                raise
+            s2 = self._path(force=True)
+            if s2 is s:
+                raise
+            return getattr(s2, name)(*args)
+
+    def put(self, *args):
+        return self._retry("put", *args)
+
+    def get_into(self, *args):
+        return self._retry("get_into", *args)
+
+    def view(self, *args):
+        return self._retry("view", *args)
+
+    def reserve(self, *args):
+        return self._retry("reserve", *args)
+
+    def remove(self, *args):
+        return self._path().remove(*args)
+
+    def close(self):
+        with self._lock:
+            self._cur.close()
+
+    def __getattr__(self, name):
+        # commit, abort, release, node_id, ...: the current session's.
+        return getattr(self._cur, name)
+
+
 class _CopyingPath:
     """What the paths without shared memory share: a view is a checked
     copy, a reservation a private buffer that commit puts."""
@@ -880,7 +954,8 @@ class Client:
                         raise errors.Unavailable(f"kvpool: node {self.info.node_id} offers no shared memory")
                     if self.info.host_id != host_id():
                         raise errors.Unavailable(f"kvpool: node {self.info.node_id} is on another host")
-                    self._bytes = _ShmPath(self.info.shm_socket, self.info.node_id, timeout, verify_shared_reads, location_cache)
+                    args = (self.info.shm_socket, self.info.node_id, timeout, verify_shared_reads, location_cache)
+                    self._bytes = _ReattachingShm(_ShmPath(*args), args)
                     want = "shm"
                 except errors.Unavailable:
                     if want == "shm":

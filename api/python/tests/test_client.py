@@ -319,3 +319,37 @@ def test_daemon_killed_during_reads(kvpool_bin, tmp_path, path):
         c.close()
     finally:
         d.kill()
+
+
+def test_shm_client_reattaches_after_restart(kvpool_bin, tmp_path):
+    """A same-host client outlives its daemon's restart: once the daemon
+    is back (same data directory, same address), the client's next calls
+    attach again, map the segment anew and read the blocks it kept."""
+    import glob
+
+    d, data = tmp_path / "node", tmp_path / "data"
+    extra = ["--data-dir", str(data)]
+    node = Daemon.start("py-restart", d, standalone=True, extra=extra, binary=kvpool_bin)
+    try:
+        c = kvpool.Client(node.addr, tenant="py", path="shm")
+        v1 = bytes(range(256)) * 20
+        c.put(b"r1", v1)
+        node.stop()
+        with pytest.raises(errors.Unavailable):
+            c.get(b"r2")  # the node is down, and the client never read r2
+        node = Daemon.start("py-restart", d, standalone=True, extra=extra + ["--listen", node.addr], binary=kvpool_bin)
+
+        def served():
+            try:
+                return c.get(b"r1") == v1
+            except errors.Unavailable:
+                return False
+        wait_until(served, what="the restarted daemon serving r1")
+        c.put(b"r2", b"after" * 100)
+        assert c.get(b"r2") == b"after" * 100
+        assert c.path == "shm" and c._bytes.reattached >= 1
+        c.close()
+    finally:
+        node.stop()
+        for p in glob.glob("/dev/shm/kvpool-py-restart-*"):
+            os.remove(p)

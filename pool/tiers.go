@@ -250,7 +250,8 @@ type DiskConfig struct {
 	// file system takes it), direct or buffered. Default auto.
 	DiskIO disk.IOMode
 	// DiskMaxPendingBytes bounds the blocks waiting to be written, which
-	// stay pinned in the arena meanwhile. Default 256 MiB.
+	// stay pinned in the arena meanwhile. Default 256 MiB, or a quarter
+	// of the arena when that is less.
 	DiskMaxPendingBytes int64
 }
 
@@ -285,8 +286,13 @@ var (
 // openDisk opens the node's disk tier and puts it behind the store.
 func (n *Node) openDisk(log *slog.Logger) error {
 	c := &n.cfg
+	pending := c.DiskMaxPendingBytes
+	if pending == 0 {
+		// Pending blocks stay pinned: never a quarter of a small arena.
+		pending = max(min(disk.DefaultMaxPendingBytes, c.CapacityBytes/4), 1)
+	}
 	d, err := disk.Open(disk.Config{
-		Dir: c.DiskDir, CapacityBytes: c.DiskCapacityBytes, IO: c.DiskIO, MaxPendingBytes: c.DiskMaxPendingBytes,
+		Dir: c.DiskDir, CapacityBytes: c.DiskCapacityBytes, IO: c.DiskIO, MaxPendingBytes: pending,
 		MaxBlockBytes: c.MaxBlockBytes, DefaultTenant: c.DefaultTenant, Logger: log, Now: c.Now,
 	})
 	if err != nil {

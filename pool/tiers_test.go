@@ -22,6 +22,7 @@ func diskNode(t *testing.T, diskBytes int64, mutate ...func(*Config)) *persisten
 	return newPersistentNode(t, append([]func(*Config){func(c *Config) {
 		c.DataDir = ""
 		c.DiskDir, c.DiskCapacityBytes = dir, diskBytes
+		c.DiskMaxPendingBytes = 64 << 20 // never declined: each block is offered once
 	}}, mutate...)...)
 }
 

@@ -21,6 +21,7 @@ func TestPeerFetchesAnotherNodesDiskBlocks(t *testing.T) {
 	c := cluster.New(t, cluster.Config{Nodes: 2, CapacityBytes: 16 << 20, Mutate: func(i int, pc *pool.Config) {
 		if i == 0 {
 			pc.DiskDir, pc.DiskCapacityBytes = filepath.Join(dir, "disk"), 256<<20
+			pc.DiskMaxPendingBytes = 64 << 20 // never declined: each block is offered once
 		}
 	}})
 	ctx := context.Background()

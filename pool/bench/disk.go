@@ -154,6 +154,7 @@ func RunDisk(ctx context.Context, cfg DiskConfig) (*DiskResult, error) {
 	pc.DisableShm, pc.ShmSocket = true, ""
 	pc.MaxBlockBytes = 64 << 20
 	pc.Prefault = true
+	pc.DiskMaxPendingBytes = arena / 2 // a whole batch (below) queues at once
 	pc.DiskDir, pc.DiskCapacityBytes, pc.DiskIO = filepath.Join(root, "tier"), 2*cfg.WorkingSetBytes+64<<20, cfg.IO
 	n, err := pool.New(pc)
 	if err != nil {
@@ -182,7 +183,7 @@ func RunDisk(ctx context.Context, cfg DiskConfig) (*DiskResult, error) {
 	// put and read once; the second read (in process, so the clock sees
 	// the disk and not the reads) admits them, and the batch is timed
 	// until the tier has written it.
-	batch := int(min(arena/2, disk.DefaultMaxPendingBytes) / int64(cfg.BlockBytes))
+	batch := int(arena / 2 / int64(cfg.BlockBytes))
 	v := make([]byte, cfg.BlockBytes)
 	var spillBytes int64
 	var spillTime time.Duration

@@ -108,10 +108,10 @@ class Engine:
             raise errors.Internal(f"kvpool: the plan has no entry for this engine's node {self.client.node_id}")
         timing["plan_s"] = time.perf_counter() - t
         local, pool = plan.local_blocks, plan.pool_blocks
-        report.update(plan=plan.plan, local_blocks=local, source=plan.source)
         # Blocks [0, local) are here; with fetch the node pulls [local, pool),
         # with split it computes [local, split) while [split, pool) load.
         first = {"fetch": local, "split": plan.split_blocks}.get(plan.plan, pool)
+        report.update(plan=plan.plan, local_blocks=local, source=plan.source, first_fetched_block=first)
         t = time.perf_counter()
         good = first
         if first < pool:

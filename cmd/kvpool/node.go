@@ -109,7 +109,7 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var asJSON, quiet bool
 	var cpuProfile string
 	var remote, authCompare bool
-	var diskDir string
+	var diskDir, segmentPath string
 	var diskIO disk.IOMode
 	rc := bench.RemoteConfig{Transport: transfer.ProtocolTCP, Conns: 2, ChainBlocks: 16}
 	so := soakOptions{keys: 1024, maxValue: 1 << 20}
@@ -204,7 +204,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				defer pprof.StopCPUProfile()
 			}
 			if path == "disk" {
-				dc := bench.DiskConfig{Dir: diskDir, IO: diskIO, BlockBytes: int(blockBytes), Clients: cfg.Clients, Duration: cfg.Duration, Rounds: cfg.Rounds}
+				dc := bench.DiskConfig{Dir: diskDir, IO: diskIO, BlockBytes: int(blockBytes), Clients: cfg.Clients, Duration: cfg.Duration, Rounds: cfg.Rounds, SegmentPath: segmentPath}
 				if cmd.Flags().Changed("working-set") {
 					dc.WorkingSetBytes = cfg.WorkingSetBytes
 				}
@@ -263,6 +263,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc; or disk, the disk tier")
 	f.StringVar(&diskDir, "disk-dir", "", "with --path disk: the directory to measure in (default $TMPDIR)")
 	f.Var(&diskIO, "disk-io", "with --path disk: auto, direct or buffered")
+	f.StringVar(&segmentPath, "segment-path", "", "with --path disk: back the arena with a file at this path (on a hugetlbfs mount: huge pages), the shared-memory baseline with one beside it (default: memfds)")
 	f.Var(sizeV(&cfg.WorkingSetBytes), "working-set", "distinct block data gets cycle through (default 128MiB)")
 	f.Var(sizeV(&cfg.CapacityBytes), "capacity", "arena size of the in-process node (default 4GiB)")
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
@@ -328,6 +329,11 @@ func benchDisk(cmd *cobra.Command, e *env, dc bench.DiskConfig, asJSON bool) err
 	fmt.Fprintf(e.stdout, "  spill       %.2f GB/s  plain writes %.2f GB/s  ratio %.3f\n", res.SpillGBps, res.WriteBaselineGBps, res.SpillRatio)
 	fmt.Fprintf(e.stdout, "  promote     %.2f GB/s  plain reads  %.2f GB/s  ratio %.3f  (%d promotes, p50 %.3f ms, p99 %.3f ms)\n",
 		res.PromoteGBps, res.ReadBaselineGBps, res.PromoteRatio, res.Promotes, res.P50Ms, res.P99Ms)
+	fmt.Fprintf(e.stdout, "  into one private buffer: plain reads %.2f GB/s, promote ratio %.3f\n", res.ReadPrivateBaselineGBps, res.PromotePrivateRatio)
+	if res.PromoteKiBPerRequest > 0 {
+		fmt.Fprintf(e.stdout, "  KiB per disk read request: promote %.0f, plain reads %.0f, into the private buffer %.0f\n",
+			res.PromoteKiBPerRequest, res.ReadBaselineKiBPerRequest, res.ReadPrivateKiBPerRequest)
+	}
 	for i, r := range res.Rounds {
 		fmt.Fprintf(e.stdout, "  round %d     promote %.2f GB/s, plain reads %.2f GB/s, ratio %.3f\n", i+1, r.PromoteGBps, r.ReadBaselineGBps, r.Ratio)
 	}

@@ -166,9 +166,16 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	jpath := filepath.Join(cfg.DataDir, journalName)
 	path := cfg.SegmentPath
 	want := segmentTrailer{capacityBytes: cfg.CapacityBytes, pageBytes: cfg.PageBytes}
+	// The trailer is one arena page, or one huge page on hugetlbfs,
+	// where a file is sized and mapped in whole huge pages.
+	huge, err := hugePageBytes(path)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	trailer := max(cfg.PageBytes, huge)
 	report := RestoreReport{Fresh: true}
 	fresh := func() (*segment, *store.Store, *journal.Writer, error) {
-		seg, err := createSegment("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, cfg.PageBytes, cfg.LockMemory, cfg.Prefault, true)
+		seg, err := createSegment("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, trailer, cfg.LockMemory, cfg.Prefault, true)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -209,7 +216,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 		return nil, nil, nil, fmt.Errorf("pool: the data directory %s holds a %d-byte arena of %d-byte pages; this node is configured for %d bytes of %d-byte pages: "+
 			"start with the same --capacity and --page-size to keep its blocks, or with --fresh to discard them", cfg.DataDir, hdr.CapacityBytes, hdr.PageBytes, cfg.CapacityBytes, cfg.PageBytes)
 	}
-	seg, err := adoptSegment(path, cfg.CapacityBytes, cfg.PageBytes, cfg.LockMemory)
+	seg, err := adoptSegment(path, cfg.CapacityBytes, trailer, cfg.LockMemory)
 	if errors.Is(err, os.ErrNotExist) {
 		log.Warn("the segment is gone (the host restarted?): starting empty", "segment", path, "journal_blocks", len(replayed.Blocks))
 		seg, st, w, err := fresh()

@@ -417,3 +417,96 @@ func eventuallyNil(f func() error) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// hugetlbfsDir is a fresh directory on a hugetlbfs mount with at least
+// bytes of free huge pages, or skips the test. .ci/run reserves pages,
+// mounts one and names it in KVPOOL_HUGETLBFS, and then a mount that is
+// not usable fails the test instead.
+func hugetlbfsDir(t *testing.T, bytes int64) string {
+	t.Helper()
+	var candidates []string
+	required := os.Getenv("KVPOOL_HUGETLBFS")
+	if required != "" {
+		candidates = []string{required}
+	} else if mounts, err := os.ReadFile("/proc/mounts"); err == nil {
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[2] == "hugetlbfs" {
+				candidates = append(candidates, f[1])
+			}
+		}
+	}
+	skip := t.Skipf
+	if required != "" {
+		skip = t.Fatalf
+	}
+	for _, mount := range candidates {
+		huge, err := hugePageBytes(filepath.Join(mount, "x"))
+		if err != nil || huge == 0 {
+			t.Logf("%s is not a hugetlbfs mount (%v)", mount, err)
+			continue
+		}
+		var free int64
+		meminfo, _ := os.ReadFile("/proc/meminfo")
+		for _, l := range strings.Split(string(meminfo), "\n") {
+			if n, ok := strings.CutPrefix(l, "HugePages_Free:"); ok {
+				fmt.Sscan(n, &free)
+			}
+		}
+		if free*huge < bytes {
+			t.Logf("hugetlbfs at %s: %d free pages of %d bytes, want %d bytes", mount, free, huge, bytes)
+			continue
+		}
+		dir, err := os.MkdirTemp(mount, "kvpool-test-")
+		if err != nil {
+			t.Logf("hugetlbfs at %s: %v", mount, err)
+			continue
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	skip("no hugetlbfs mount with %d bytes of free huge pages among %q (mount -t hugetlbfs none DIR; echo 64 > /proc/sys/vm/nr_hugepages)", bytes, candidates)
+	return ""
+}
+
+// An arena in huge pages (--segment-path on hugetlbfs) survives a
+// restart like one under /dev/shm: its trailer takes a whole huge page,
+// and same-host clients map it.
+func TestRestartKeepsAHugePageArena(t *testing.T) {
+	dir := hugetlbfsDir(t, 16<<20+2<<20)
+	p := newPersistentNode(t, func(c *Config) { c.SegmentPath = filepath.Join(dir, "arena") })
+	n := p.mustStart()
+	blocks := putBlocks(t, n, api.PathShm, "shm", 10)
+	for k, v := range putBlocks(t, n, api.PathData, "data", 10) {
+		blocks[k] = v
+	}
+	p.stop()
+	n = p.mustStart()
+	if r := n.persist.started; r.Fresh || r.Adopted != len(blocks) || r.Dropped != 0 {
+		t.Fatalf("restart: %+v, want %d adopted", r, len(blocks))
+	}
+	checkBlocks(t, n, blocks)
+	for k, v := range putBlocks(t, n, api.PathShm, "more", 5) {
+		blocks[k] = v
+	}
+	checkBlocks(t, n, blocks)
+}
+
+// A capacity that is not a whole number of huge pages is refused with a
+// message that says so, and leaves no file behind.
+func TestHugePageArenaNeedsWholePages(t *testing.T) {
+	dir := hugetlbfsDir(t, 4<<20)
+	for _, persistent := range []bool{false, true} {
+		cfg := TestConfig("huge", 3<<20)
+		cfg.SegmentPath = filepath.Join(dir, fmt.Sprintf("arena-%v", persistent))
+		if persistent {
+			cfg.DataDir = t.TempDir()
+		}
+		_, err := New(cfg)
+		if err == nil || !strings.Contains(err.Error(), "must be a multiple of") {
+			t.Fatalf("persistent %v: New: %v, want a capacity error", persistent, err)
+		}
+		if _, err := os.Stat(cfg.SegmentPath); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("persistent %v: the segment file stayed: %v", persistent, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -63,6 +64,7 @@ func createSegment(name, path string, size, trailer int64, lock, prefault, keep 
 		}
 		s := &segment{file: f, path: path, owner: owner, keep: keep}
 		if err := s.setup(size, trailer, lock, prefault); err != nil {
+			s.keep = false // it never held a block: do not leave it behind
 			return nil, errors.Join(err, s.close())
 		}
 		return s, nil
@@ -75,6 +77,13 @@ func createSegment(name, path string, size, trailer int64, lock, prefault, keep 
 }
 
 func (s *segment) setup(size, trailer int64, lock, prefault bool) error {
+	huge, err := hugePageBytes(s.path)
+	if err != nil {
+		return err
+	}
+	if huge > 0 && (size%huge != 0 || trailer%huge != 0) {
+		return fmt.Errorf("pool: the arena at %s is on hugetlbfs with %d-byte pages: --capacity (%d bytes) must be a multiple of that", s.path, huge, size)
+	}
 	if err := s.file.Truncate(size + trailer); err != nil {
 		return fmt.Errorf("pool: size segment to %d bytes: %w", size+trailer, err)
 	}
@@ -94,6 +103,10 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 		// Allocate the pages now: MAP_POPULATE alone would map a shared
 		// file's pages for reading, leaving each first write to fault.
 		if err := unix.Fallocate(int(s.file.Fd()), 0, 0, size); err != nil {
+			if huge, _ := hugePageBytes(s.path); huge > 0 && errors.Is(err, unix.ENOSPC) {
+				return fmt.Errorf("pool: allocate the %d-byte arena in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
+					size, s.path, err, (size+trailer)/huge, huge)
+			}
 			return fmt.Errorf("pool: allocate the %d-byte arena (--prefault): %w", size, err)
 		}
 	}
@@ -102,6 +115,10 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 	}
 	mem, err := unix.Mmap(int(s.file.Fd()), 0, int(size+trailer), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
+		if huge, _ := hugePageBytes(s.path); huge > 0 && errors.Is(err, unix.ENOMEM) {
+			return fmt.Errorf("pool: map the %d-byte segment in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
+				size+trailer, s.path, err, (size+trailer)/huge, huge)
+		}
 		return fmt.Errorf("pool: map %d-byte segment: %w", size+trailer, err)
 	}
 	s.mapping, s.mem = mem, mem[:size:size]
@@ -115,6 +132,23 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 		s.locked = true
 	}
 	return nil
+}
+
+// hugePageBytes is the page size of the hugetlbfs mount that holds the
+// file at path, or 0 when path is "" (a memfd) or elsewhere. A file there
+// is sized and mapped in whole huge pages.
+func hugePageBytes(path string) (int64, error) {
+	if path == "" {
+		return 0, nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &fs); err != nil {
+		return 0, fmt.Errorf("pool: the segment's directory: %w", err)
+	}
+	if fs.Type != unix.HUGETLBFS_MAGIC {
+		return 0, nil
+	}
+	return fs.Bsize, nil
 }
 
 // ownSegmentPath takes the lock that says a live node owns the segment

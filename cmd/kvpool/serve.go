@@ -23,6 +23,7 @@ import (
 func nodeServeCmd(e *env) *cobra.Command {
 	cfg, o := serveDefaults()
 	var configFile string
+	var checkConfig bool
 	var parseErrs []error
 	c := &cobra.Command{
 		Use:   "serve",
@@ -50,17 +51,23 @@ Settings come from flags, or from a YAML file given with --config whose keys
 are the flag names in snake_case (capacity: 8GiB, listen: 0.0.0.0:7070, ...;
 also models: and curves: lists of profiles); flags on the command line
 override the file. Every problem with the settings is reported at once, and
-exits 2. SIGINT or SIGTERM stops the node gracefully.`,
+exits 2; --check-config stops there, printing the settings that would run
+as JSON (exit 0), without starting anything. SIGINT or SIGTERM stops the
+node gracefully.`,
 		Example: `  kvpool node serve --capacity 8GiB --node-id gpu-node-1
   kvpool node serve --capacity 8GiB --node-id gpu-node-2 --listen 127.0.0.1:7071 --metrics-listen "" --etcd-endpoints http://127.0.0.1:2379
   kvpool node serve --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:7080 --capacity 64GiB --lock-memory --tls-cert node.pem --tls-key node-key.pem --client-ca ca.pem
   kvpool node serve --capacity 64GiB --node-id gpu-node-1 --data-dir /var/lib/kvpool
-  kvpool node serve --config /etc/kvpool/node.yaml`,
+  kvpool node serve --config /etc/kvpool/node.yaml
+  kvpool node serve --config /etc/kvpool/node.yaml --node-id gpu-node-1 --check-config`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := settle(cmd, e, &cfg, &o, configFile, parseErrs)
 			if err != nil {
 				return err
+			}
+			if checkConfig {
+				return printJSON(e.stdout, newCheckedSettings(&cfg, &o))
 			}
 			if !o.standalone {
 				cli, stop, err := connectEtcd(&o, cfg.DataDir, cfg.NodeID, logger)
@@ -80,6 +87,7 @@ exits 2. SIGINT or SIGTERM stops the node gracefully.`,
 		},
 	}
 	c.Flags().StringVar(&configFile, "config", "", "YAML config file; flags given on the command line override it")
+	c.Flags().BoolVar(&checkConfig, "check-config", false, "check the settings (flags and --config), print those that would run as JSON and exit: 0 when they are valid, 2 with every problem when not; the files they name are not opened")
 	settingFlags(c.Flags(), &cfg, &o, &parseErrs)
 	return c
 }
@@ -240,4 +248,49 @@ func etcdCredentials(o *serveOptions) (*tls.Config, string, error) {
 		return nil, "", usagef("--etcd-user and --etcd-password-file go together")
 	}
 	return cfg, password, nil
+}
+
+// checkedSettings is what --check-config prints: the settings a node
+// would run with, the ones deployment files must agree with (ports,
+// paths, sizes, etcd).
+type checkedSettings struct {
+	NodeID        string   `json:"node_id"`
+	Listen        string   `json:"listen"`
+	Advertise     string   `json:"advertise,omitempty"`
+	MetricsListen string   `json:"metrics_listen"`
+	GossipListen  string   `json:"gossip_listen,omitempty"`
+	ShmSocket     string   `json:"shm_socket,omitempty"`
+	DataDir       string   `json:"data_dir,omitempty"`
+	SegmentPath   string   `json:"segment_path,omitempty"`
+	CapacityBytes int64    `json:"capacity_bytes"`
+	LockMemory    bool     `json:"lock_memory"`
+	DiskDir       string   `json:"disk_dir,omitempty"`
+	DiskCapacity  int64    `json:"disk_capacity_bytes,omitempty"`
+	EtcdEndpoints []string `json:"etcd_endpoints,omitempty"`
+	Standalone    bool     `json:"standalone"`
+	Secured       bool     `json:"secured"`
+	// Files are the files the settings name (TLS, tokens, profiles), by
+	// setting; --check-config does not open them.
+	Files    map[string]string `json:"files,omitempty"`
+	ShmAllow []string          `json:"shm_allow,omitempty"`
+}
+
+func newCheckedSettings(c *pool.Config, o *serveOptions) checkedSettings {
+	s := checkedSettings{
+		NodeID: c.NodeID, Listen: c.ListenAddr, Advertise: c.AdvertiseAddr, MetricsListen: c.MetricsAddr, GossipListen: c.GossipAddr,
+		ShmSocket: c.ShmSocket, DataDir: c.DataDir, SegmentPath: c.SegmentPath, CapacityBytes: c.CapacityBytes, LockMemory: c.LockMemory,
+		DiskDir: c.DiskDir, DiskCapacity: c.DiskCapacityBytes, EtcdEndpoints: o.etcdEndpoints, Standalone: o.standalone,
+		Secured: c.TLSCertFile != "" || c.TokenFile != "", ShmAllow: c.ShmAllow, Files: map[string]string{},
+	}
+	for name, path := range map[string]string{"tls_cert": c.TLSCertFile, "tls_key": c.TLSKeyFile, "client_ca": c.ClientCAFile,
+		"token_file": c.TokenFile, "peer_token_file": c.PeerTokenFile, "etcd_ca": o.etcdCA, "etcd_cert": o.etcdCert, "etcd_key": o.etcdKey,
+		"etcd_password_file": o.etcdPasswordFile} {
+		if path != "" {
+			s.Files[name] = path
+		}
+	}
+	for i, path := range o.profiles {
+		s.Files[fmt.Sprintf("profiles[%d]", i)] = path
+	}
+	return s
 }

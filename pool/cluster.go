@@ -191,7 +191,9 @@ var (
 	descPublished       = prometheus.NewDesc("kvpool_metadata_published_records_total", "Location records written to etcd.", nil, nil)
 	descPublishQueue    = prometheus.NewDesc("kvpool_metadata_publish_queue", "Location changes waiting for etcd.", nil, nil)
 	descPublishFailures = prometheus.NewDesc("kvpool_metadata_publish_failures_total", "etcd sessions that failed and were retried.", nil, nil)
-	clusterDescs        = []*prometheus.Desc{descMirrorBlocks, descMirrorMalformed, descMirrorReloads, descPublished, descPublishQueue, descPublishFailures}
+	descGossipMembers   = prometheus.NewDesc("kvpool_metadata_gossip_members", "Nodes gossip knows, this one included, by state: alive, or dead (failed its probes or left).", []string{"state"}, nil)
+	descMapNodes        = prometheus.NewDesc("kvpool_metadata_nodes", "Nodes registered in the cluster map (their etcd lease is live), as this daemon's mirror sees them.", nil, nil)
+	clusterDescs        = []*prometheus.Desc{descMirrorBlocks, descMirrorMalformed, descMirrorReloads, descPublished, descPublishQueue, descPublishFailures, descGossipMembers, descMapNodes}
 )
 
 func (cc *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -208,4 +210,12 @@ func (cc *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(mb.Records))
 	ch <- prometheus.MustNewConstMetric(descPublishQueue, prometheus.GaugeValue, float64(mb.Queued))
 	ch <- prometheus.MustNewConstMetric(descPublishFailures, prometheus.CounterValue, float64(mb.Failures))
+	states := map[string]int{"alive": 0, "dead": 0}
+	for _, p := range cc.c.gossip.Peers() {
+		states[p.State]++
+	}
+	for state, n := range states {
+		ch <- prometheus.MustNewConstMetric(descGossipMembers, prometheus.GaugeValue, float64(n), state)
+	}
+	ch <- prometheus.MustNewConstMetric(descMapNodes, prometheus.GaugeValue, float64(len(cc.c.mirror.Nodes())))
 }

@@ -73,6 +73,7 @@ type fetcher struct {
 	pull, shmPull transfer.Transport
 	peers         *wire.Pool
 	fetched       *prometheus.CounterVec // bytes, by transport
+	fetchFailures *prometheus.CounterVec // blocks not pulled, by reason
 	now           func() time.Time
 	log           *slog.Logger
 }
@@ -175,10 +176,12 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // counts what came before the pull too.
 func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) []error {
 	errs := make([]error, len(items))
+	failed := func(reason string) { f.fetchFailures.WithLabelValues(reason).Inc() }
 	fail := func(err error) []error {
 		for k := range errs {
 			errs[k] = err
 		}
+		f.fetchFailures.WithLabelValues(fetchUnreachable).Add(float64(len(errs)))
 		return errs
 	}
 	addr := holder.Addrs[addrGRPC]
@@ -208,11 +211,13 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 		opOf[k] = -1
 		if p.err != nil {
 			errs[k] = p.err
+			failed(fetchPin)
 			continue
 		}
 		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(p.size), true)
 		if err != nil {
 			errs[k] = err
+			failed(fetchSpace)
 			continue
 		}
 		res[k] = r
@@ -238,12 +243,18 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 				err = fmt.Errorf("%w: no answer from %s within %v", api.ErrUnavailable, holder.ID, timeout)
 			}
 			errs[k] = api.Errorf(api.ErrUnavailable, "pool: read from %s: %v", holder.ID, err)
+			failed(fetchRead)
 			continue
 		}
 		// The holder's checksum travelled with the pin; the transport
 		// checksummed the bytes as they arrived; the commit compares them.
 		if _, err := f.store.Commit(r, batch.OpCRC(opOf[k]), true, pins[k].crc, true); err != nil && !errors.Is(err, api.ErrAlreadyExists) {
 			errs[k] = err
+			if errors.Is(err, api.ErrDataLoss) {
+				failed(fetchChecksum)
+			} else {
+				failed(fetchSpace)
+			}
 			continue
 		}
 		out[i] = api.FetchResult{Source: holder.ID, Size: int64(pins[k].size)}
@@ -271,6 +282,15 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	}
 	return errs
 }
+
+// Reasons of kvpool_transfer_fetch_failures_total.
+const (
+	fetchUnreachable = "unreachable"
+	fetchPin         = "pin"
+	fetchSpace       = "space"
+	fetchRead        = "read"
+	fetchChecksum    = "checksum"
+)
 
 // peerPin is a block pinned on a peer for a pull.
 type peerPin struct {

@@ -28,6 +28,8 @@ type metrics struct {
 	reclaimed     prometheus.Counter
 	mirrorLag     prometheus.Histogram
 	fetched       *prometheus.CounterVec // by transport
+	fetchFailures *prometheus.CounterVec // by reason (fetch.go)
+	planDecisions *prometheus.CounterVec // by plan, where
 	badPolicies   prometheus.Counter
 	acceptErrors  *prometheus.CounterVec // by door
 	refusedConns  *prometheus.CounterVec // by door and reason
@@ -59,6 +61,14 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_transfer_fetched_bytes_total",
 			Help: "Block bytes pulled from peers by Fetch, by the transport that moved them.",
 		}, []string{"transport"}),
+		fetchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_transfer_fetch_failures_total",
+			Help: "Blocks a Fetch could not pull from a holder, by reason: unreachable (no connection), pin (the holder refused or lost the block), space (no room here), read (the transfer failed or timed out), checksum (the bytes did not match the holder's CRC). The caller recomputes them or another holder is tried.",
+		}, []string{"reason"}),
+		planDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_plan_decisions_total",
+			Help: "Plans answered (Plan, Estimate), by the winning candidate's plan (local, fetch, split, recompute) and whether it is this node (where: this_node, other_node).",
+		}, []string{"plan", "where"}),
 		badPolicies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvpool_eviction_malformed_policies_total",
 			Help: "Tenant policy records in etcd that did not decode and were skipped.",
@@ -89,7 +99,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
-	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
+	for _, r := range []string{fetchUnreachable, fetchPin, fetchSpace, fetchRead, fetchChecksum} {
+		m.fetchFailures.WithLabelValues(r) // every reason exported from the start, at 0
+	}
+	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

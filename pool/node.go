@@ -252,10 +252,10 @@ func New(cfg Config) (*Node, error) {
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.blocks, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
-		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, now: cfg.Now, log: log.With("component", "fetch"),
+		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, fetchFailures: n.metrics.fetchFailures, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.blocks, cluster: view, links: n.links,
-		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL)}
+		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL), decisions: n.metrics.planDecisions}
 	if t, ok := n.blocks.(*tiers); ok {
 		n.planner.disk = t
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/transfer"
@@ -93,6 +95,9 @@ type planner struct {
 	placed *placements
 	// disk is this node's disk tier; nil without one.
 	disk diskPrefixer
+	// decisions counts the winning plan of each answer, by its kind;
+	// nil counts nothing.
+	decisions *prometheus.CounterVec
 }
 
 // diskPrefixer says how much of a chain this node holds in memory and on
@@ -256,6 +261,10 @@ func (p *planner) Plan(q PlanQuery) (PlanAnswer, error) {
 			tenant: q.Tenant, namespace: q.Namespace, keys: q.Keys})
 	}
 	ans.Result = res
+	if p.decisions != nil && len(res.Nodes) > 0 {
+		w := res.Winner()
+		p.decisions.WithLabelValues(w.Plan.String(), planWhere(w.Node == p.self)).Inc()
+	}
 	for _, np := range res.Nodes {
 		if np.Source != "" {
 			pn := ans.Nodes[np.Node]
@@ -316,4 +325,12 @@ func (p *planner) localPrefix(tenant, namespace string, keys [][]byte) (int, err
 		return i, nil
 	}
 	return len(keys), nil
+}
+
+// planWhere labels whether a plan's winner is the answering node.
+func planWhere(self bool) string {
+	if self {
+		return "this_node"
+	}
+	return "other_node"
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -101,8 +102,10 @@ func TestFetchPullsFromTheHolderAndPublishesAReplica(t *testing.T) {
 // fetched again from another replica.
 func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
 	var faulty *transfer.Faulty
+	reg := prometheus.NewRegistry()
 	c := cluster.New(t, cluster.Config{Nodes: 3, Mutate: func(i int, pc *pool.Config) {
 		if i == 2 {
+			pc.Registerer, pc.Gatherer = reg, reg
 			pc.WrapTransport = func(tr transfer.Transport) transfer.Transport {
 				faulty = &transfer.Faulty{Transport: tr}
 				return faulty
@@ -150,6 +153,12 @@ func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
 	}
 	if ex, _ := c.Client(2, api.PathData).Exists(context.Background(), "acme", "llama3-8b", more); ex[0] || ex[1] {
 		t.Fatal("a corrupt block was committed")
+	}
+	// Each corrupt block counts once: four from node-0 the first time,
+	// two the second; nothing else failed.
+	failures := counters(t, reg, "kvpool_transfer_fetch_failures_total", func(l map[string]string) string { return l["reason"] })
+	if want := map[string]float64{"checksum": 6, "unreachable": 0, "pin": 0, "space": 0, "read": 0}; !maps.Equal(failures, want) {
+		t.Fatalf("fetch failures %v, want %v", failures, want)
 	}
 }
 

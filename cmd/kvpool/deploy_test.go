@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,6 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 // manifests is every object under deploy/kubernetes, decoded strictly
@@ -584,5 +590,190 @@ func TestSystemdUnit(t *testing.T) {
 		if !bytes.Contains(help, []byte(flag+" ")) && !bytes.Contains(help, []byte(flag+"\n")) && !bytes.Contains(help, []byte(flag+"=")) {
 			t.Errorf("the drop-in sets %s, but etcd --help has no %s", name, flag)
 		}
+	}
+}
+
+// scrapeText is a daemon's /metrics.
+func scrapeText(t *testing.T, metricsAddr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// scrapeFamilies adds the metric families a daemon's /metrics lists.
+func scrapeFamilies(t *testing.T, metricsAddr string, into map[string]string) {
+	t.Helper()
+	for _, line := range strings.Split(scrapeText(t, metricsAddr), "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			into[f[2]] = f[3]
+		}
+	}
+}
+
+// metricNames are the kvpool metrics an expression names, with a
+// histogram's _bucket, _sum and _count series named by their family.
+var metricName = regexp.MustCompile(`\b[a-z_][a-z0-9_]*\b`)
+
+// promExprs are the dashboard's and the alerts' PromQL expressions, by
+// where they come from; Grafana's variables are replaced by values
+// PromQL parses.
+func promExprs(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.UnmarshalStrict(b, &rules); err != nil {
+		t.Fatalf("alerts.yaml: %v", err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			out["alert "+r.Alert] = r.Expr
+			if r.Labels["severity"] == "" || r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+				t.Errorf("alert %s needs a severity, a summary and a description", r.Alert)
+			}
+		}
+	}
+	b, err = os.ReadFile("../../deploy/grafana/kvpool.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("kvpool.json: %v", err)
+	}
+	grafana := strings.NewReplacer("$__rate_interval", "1m", "$instance", ".*")
+	for _, p := range dash.Panels {
+		if p.Type != "row" && len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for i, tg := range p.Targets {
+			out[fmt.Sprintf("panel %q query %d", p.Title, i)] = grafana.Replace(tg.Expr)
+		}
+	}
+	return out
+}
+
+// TestDashboardAndAlerts runs two daemons (a cluster with a data
+// directory and a disk tier, blocks put, evicted, fetched and planned),
+// scrapes their /metrics, and fails when an expression of the Grafana
+// dashboard or the Prometheus alerts names a kvpool metric they do not
+// export. promtool check rules then parses the alerts, and every
+// dashboard query as a recording rule.
+func TestDashboardAndAlerts(t *testing.T) {
+	dir := t.TempDir()
+	a := serve(t, "--capacity", "16MiB", "--data-dir", filepath.Join(dir, "a"), "--disk-dir", filepath.Join(dir, "a-disk"), "--disk-capacity", "64MiB")
+	b := serve(t, "--capacity", "16MiB", "--node-id", "cmd-dashboard-b", "--etcd-endpoints", a.etcd)
+	block := bytes.Repeat([]byte("kv"), 512<<10) // 1 MiB
+	var keys []string
+	for i := range 24 { // past the 16 MiB arena: evictions, and reads admit blocks to disk
+		k := fmt.Sprintf("k%02d", i)
+		keys = append(keys, k)
+		mustOK(t, kv(t, block, "block", "put", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", k))
+		for range 2 {
+			mustOK(t, kv(t, nil, "block", "get", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", k, "--file", filepath.Join(dir, "out")))
+		}
+	}
+	kv(t, nil, "block", "get", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--key", "absent", "--file", filepath.Join(dir, "out"))
+	last := keys[len(keys)-4:]
+	eventually.True(t, "B to fetch A's blocks", 30*time.Second, func() bool {
+		r := kv(t, nil, "block", "fetch", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(last, ","))
+		return r.code == 0
+	})
+	mustOK(t, kv(t, nil, "chain", "plan", "--server", b.addr, "--tenant", "acme", "--namespace", "m", "--keys", strings.Join(last, ","), "--json"))
+
+	// The cluster's own metrics say what happened: B planned once, and
+	// both daemons see two live nodes in the map and in gossip.
+	eventually.True(t, "B's metrics to show the cluster", 30*time.Second, func() bool {
+		body := scrapeText(t, b.metrics)
+		return strings.Contains(body, "\nkvpool_metadata_nodes 2\n") && strings.Contains(body, `kvpool_metadata_gossip_members{state="alive"} 2`) &&
+			strings.Contains(body, `kvpool_metadata_gossip_members{state="dead"} 0`)
+	})
+	if n := regexp.MustCompile(`(?m)^kvpool_plan_decisions_total\{plan="[a-z]+",where="[a-z_]+"\} 1$`).FindAllString(scrapeText(t, b.metrics), -1); len(n) != 1 {
+		t.Errorf("B answered one plan; its plan decisions: %q", n)
+	}
+
+	exported := map[string]string{"up": "gauge"} // Prometheus's own, per target
+	scrapeFamilies(t, a.metrics, exported)
+	scrapeFamilies(t, b.metrics, exported)
+	exprs := promExprs(t)
+	used := map[string]bool{}
+	for where, expr := range exprs {
+		for _, name := range metricName.FindAllString(expr, -1) {
+			if !strings.HasPrefix(name, "kvpool_") && name != "up" {
+				continue // a function, a label, a keyword
+			}
+			family := name
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if base, ok := strings.CutSuffix(name, suffix); ok && exported[base] == "histogram" {
+					family = base
+				}
+			}
+			if _, ok := exported[family]; !ok {
+				t.Errorf("%s names %s, which the daemons do not export", where, name)
+			}
+			used[family] = true
+		}
+	}
+	var ours, unused []string
+	for name := range exported {
+		if strings.HasPrefix(name, "kvpool_") {
+			ours = append(ours, name)
+			if !used[name] {
+				unused = append(unused, name)
+			}
+		}
+	}
+	slices.Sort(unused)
+	t.Logf("%d kvpool metric families exported, %d used by the dashboard and alerts; not used: %v", len(ours), len(used), unused)
+
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("KVPOOL_REQUIRE_TOOLS") != "" {
+			t.Fatal("promtool is missing (KVPOOL_REQUIRE_TOOLS is set): apt-get install prometheus")
+		}
+		t.Skip("promtool is missing (Debian: prometheus)")
+	}
+	if out, err := exec.Command(promtool, "check", "rules", "../../deploy/prometheus/alerts.yaml").CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules alerts.yaml: %v\n%s", err, out)
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, where := range slices.Sorted(maps.Keys(exprs)) {
+		if strings.HasPrefix(where, "panel ") {
+			q, _ := json.Marshal(exprs[where])
+			fmt.Fprintf(&rules, "      - record: dashboard:query_%d\n        expr: %s\n", i, q)
+		}
+	}
+	f := filepath.Join(dir, "dashboard-rules.yaml")
+	os.WriteFile(f, []byte(rules.String()), 0o600)
+	if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules on the dashboard's queries: %v\n%s", err, out)
 	}
 }

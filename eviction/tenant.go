@@ -103,8 +103,15 @@ func (c TenantConfig) Validate() error {
 	return nil
 }
 
+// PolicySchema is the schema of a stored tenant config (etcd's
+// policies/<tenant>), under package metadata's rules (schema.go there):
+// within a schema fields are only added, a newer schema is refused, and a
+// record without a schema is schema 1 (testdata/schema/v1/policy.json).
+const PolicySchema = 1
+
 // tenantJSON is TenantConfig's stored form.
 type tenantJSON struct {
+	Schema     int     `json:"schema,omitempty"`
 	Policy     string  `json:"policy"`
 	QuotaBytes int64   `json:"quota_bytes"`
 	High       float64 `json:"high_watermark"`
@@ -117,7 +124,7 @@ type tenantJSON struct {
 
 // MarshalJSON encodes c as stored in etcd.
 func (c TenantConfig) MarshalJSON() ([]byte, error) {
-	return json.Marshal(tenantJSON{Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes, High: c.High, Low: c.Low, TTLSeconds: c.DefaultTTL.Seconds(),
+	return json.Marshal(tenantJSON{Schema: PolicySchema, Policy: c.Policy.String(), QuotaBytes: c.QuotaBytes, High: c.High, Low: c.Low, TTLSeconds: c.DefaultTTL.Seconds(),
 		NoDisk: c.NoDisk, DiskReads: c.DiskAdmitReads, DiskQuota: c.DiskQuotaBytes})
 }
 
@@ -126,6 +133,9 @@ func (c *TenantConfig) UnmarshalJSON(b []byte) error {
 	var j tenantJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		return fmt.Errorf("eviction: tenant config: %w", err)
+	}
+	if j.Schema > PolicySchema || j.Schema < 0 {
+		return fmt.Errorf("eviction: tenant config of schema %d, from a newer kvpool; this node reads schemas 1 to %d: upgrade it", j.Schema, PolicySchema)
 	}
 	var errs []error
 	var k Kind

@@ -45,6 +45,9 @@ type LinkRecord struct {
 // NodeLinks is what <prefix>links/<node> holds: every link the node
 // measured, from itself to its peers. It lives on the node's lease.
 type NodeLinks struct {
+	// Schema is the record's schema (LinksSchema when written; a record
+	// without one is schema 1, see schema.go).
+	Schema int `json:"schema,omitempty"`
 	// Node is the publishing node: the source of every link.
 	Node string `json:"node"`
 	// UnixNano is when the node wrote the record.
@@ -77,6 +80,9 @@ func (r *LinkRecord) validate() error {
 }
 
 func (r *NodeLinks) validate() error {
+	if err := checkSchema("links record", r.Schema, LinksSchema); err != nil {
+		return err
+	}
 	var errs []error
 	if err := api.ValidateName("node id", r.Node); err != nil {
 		errs = append(errs, err)
@@ -192,7 +198,7 @@ func (m *Member) publishLinks(ctx context.Context) error {
 		return nil
 	}
 	key := m.keys.link(m.cfg.Record.ID)
-	b, err := json.Marshal(NodeLinks{Node: m.cfg.Record.ID, UnixNano: now.UnixNano(), Links: links})
+	b, err := json.Marshal(NodeLinks{Schema: LinksSchema, Node: m.cfg.Record.ID, UnixNano: now.UnixNano(), Links: links})
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL)
 		_, err = m.cfg.Client.Put(pctx, key, string(b), clientv3.WithLease(m.lease))

@@ -361,6 +361,7 @@ func (m *Member) register(ctx context.Context) error {
 		return fmt.Errorf("grant lease: %w", err)
 	}
 	rec := m.cfg.Record
+	rec.Schema = NodeRecordSchema
 	rec.Epoch = int64(g.ID)
 	rec.StartedUnix = m.cfg.Now().Unix()
 	b, _ := json.Marshal(rec)
@@ -370,7 +371,7 @@ func (m *Member) register(ctx context.Context) error {
 	links := m.pollLinks()
 	linkOp := clientv3.OpDelete(m.keys.link(rec.ID))
 	if len(links) > 0 {
-		lb, err := json.Marshal(NodeLinks{Node: rec.ID, UnixNano: m.cfg.Now().UnixNano(), Links: links})
+		lb, err := json.Marshal(NodeLinks{Schema: LinksSchema, Node: rec.ID, UnixNano: m.cfg.Now().UnixNano(), Links: links})
 		if err != nil {
 			return fmt.Errorf("encode links: %w", err)
 		}

@@ -35,6 +35,9 @@ var ErrMalformed = errors.New("metadata: malformed record")
 
 // NodeRecord describes a node in etcd.
 type NodeRecord struct {
+	// Schema is the record's schema (NodeRecordSchema when written; a
+	// record without one is schema 1, see schema.go).
+	Schema int `json:"schema,omitempty"`
 	// ID is the node id.
 	ID string `json:"id"`
 	// Addrs maps a transport ("grpc", "data", "gossip") to an address.
@@ -62,6 +65,9 @@ type NodeRecord struct {
 }
 
 func (r *NodeRecord) validate() error {
+	if err := checkSchema("node record", r.Schema, NodeRecordSchema); err != nil {
+		return err
+	}
 	if err := api.ValidateName("node id", r.ID); err != nil {
 		return err
 	}
@@ -123,7 +129,8 @@ type Batch struct {
 	Records  []Record
 }
 
-const batchVersion = 1
+// batchVersion is a location batch's schema, its first byte.
+const batchVersion = BatchSchema
 
 // AppendBatch encodes b compactly: names appear once per batch in a small
 // table, and records refer to them by index.
@@ -178,6 +185,9 @@ func appendString(dst []byte, s string) []byte {
 func DecodeBatch(src []byte) (*Batch, error) {
 	d := decoder{b: src}
 	if v := d.byte(); v != batchVersion {
+		if v > batchVersion {
+			return nil, fmt.Errorf("%w: location batch of schema %d, from a newer kvpool; this node reads schema %d: upgrade it", ErrMalformed, v, batchVersion)
+		}
 		return nil, fmt.Errorf("%w: batch version %d", ErrMalformed, v)
 	}
 	flags := d.byte()

@@ -56,6 +56,18 @@ type kustomization struct {
 	Resources  []string `json:"resources"`
 }
 
+// manifestKinds makes the API type of each kind the manifests use.
+var manifestKinds = map[string]func() metav1.Object{
+	"v1 Namespace":                        func() metav1.Object { return &corev1.Namespace{} },
+	"v1 ConfigMap":                        func() metav1.Object { return &corev1.ConfigMap{} },
+	"v1 Service":                          func() metav1.Object { return &corev1.Service{} },
+	"v1 Pod":                              func() metav1.Object { return &corev1.Pod{} },
+	"apps/v1 DaemonSet":                   func() metav1.Object { return &appsv1.DaemonSet{} },
+	"apps/v1 StatefulSet":                 func() metav1.Object { return &appsv1.StatefulSet{} },
+	"policy/v1 PodDisruptionBudget":       func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
+	"monitoring.coreos.com/v1 PodMonitor": func() metav1.Object { return &monitoringv1.PodMonitor{} },
+}
+
 func loadManifests(t *testing.T, dir string) *manifests {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
@@ -93,43 +105,18 @@ func loadManifests(t *testing.T, dir string) *manifests {
 			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
 				t.Fatalf("%s document %d: %v", f, i, err)
 			}
-			var obj any
-			var meta *metav1.ObjectMeta
-			switch tm.APIVersion + " " + tm.Kind {
-			case "v1 Namespace":
-				o := &corev1.Namespace{}
-				obj, meta = o, &o.ObjectMeta
-			case "v1 ConfigMap":
-				o := &corev1.ConfigMap{}
-				obj, meta = o, &o.ObjectMeta
-			case "v1 Service":
-				o := &corev1.Service{}
-				obj, meta = o, &o.ObjectMeta
-			case "v1 Pod":
-				o := &corev1.Pod{}
-				obj, meta = o, &o.ObjectMeta
-			case "apps/v1 DaemonSet":
-				o := &appsv1.DaemonSet{}
-				obj, meta = o, &o.ObjectMeta
-			case "apps/v1 StatefulSet":
-				o := &appsv1.StatefulSet{}
-				obj, meta = o, &o.ObjectMeta
-			case "policy/v1 PodDisruptionBudget":
-				o := &policyv1.PodDisruptionBudget{}
-				obj, meta = o, &o.ObjectMeta
-			case "monitoring.coreos.com/v1 PodMonitor":
-				o := &monitoringv1.PodMonitor{}
-				obj, meta = o, &o.ObjectMeta
-			default:
+			newObj, ok := manifestKinds[tm.APIVersion+" "+tm.Kind]
+			if !ok {
 				t.Fatalf("%s document %d: %s %s is not a kind this test knows: add it", f, i, tm.APIVersion, tm.Kind)
 			}
+			obj := newObj()
 			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
 				t.Fatalf("%s document %d (%s): %v", f, i, tm.Kind, err)
 			}
-			if tm.Kind != "Namespace" && meta.Namespace != k.Namespace {
-				t.Errorf("%s %s is in namespace %q, the kustomization's is %q", tm.Kind, meta.Name, meta.Namespace, k.Namespace)
+			if tm.Kind != "Namespace" && obj.GetNamespace() != k.Namespace {
+				t.Errorf("%s %s is in namespace %q, the kustomization's is %q", tm.Kind, obj.GetName(), obj.GetNamespace(), k.Namespace)
 			}
-			key := tm.Kind + "/" + meta.Name
+			key := tm.Kind + "/" + obj.GetName()
 			if _, dup := m.objects[key]; dup {
 				t.Fatalf("%s is defined twice", key)
 			}

@@ -103,9 +103,8 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 		// Allocate the pages now: MAP_POPULATE alone would map a shared
 		// file's pages for reading, leaving each first write to fault.
 		if err := unix.Fallocate(int(s.file.Fd()), 0, 0, size); err != nil {
-			if huge, _ := hugePageBytes(s.path); huge > 0 && errors.Is(err, unix.ENOSPC) {
-				return fmt.Errorf("pool: allocate the %d-byte arena in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
-					size, s.path, err, (size+trailer)/huge, huge)
+			if err := s.tooFewHugePages("allocate", size, size+trailer, err, unix.ENOSPC); err != nil {
+				return err
 			}
 			return fmt.Errorf("pool: allocate the %d-byte arena (--prefault): %w", size, err)
 		}
@@ -115,9 +114,8 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 	}
 	mem, err := unix.Mmap(int(s.file.Fd()), 0, int(size+trailer), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
-		if huge, _ := hugePageBytes(s.path); huge > 0 && errors.Is(err, unix.ENOMEM) {
-			return fmt.Errorf("pool: map the %d-byte segment in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
-				size+trailer, s.path, err, (size+trailer)/huge, huge)
+		if err := s.tooFewHugePages("map", size+trailer, size+trailer, err, unix.ENOMEM); err != nil {
+			return err
 		}
 		return fmt.Errorf("pool: map %d-byte segment: %w", size+trailer, err)
 	}
@@ -132,6 +130,18 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 		s.locked = true
 	}
 	return nil
+}
+
+// tooFewHugePages is err, which the kernel returned to the action on
+// bytes of the segment, said as a shortage of huge pages when the segment
+// is on hugetlbfs and err is the errno that means one; nil otherwise.
+func (s *segment) tooFewHugePages(action string, bytes, total int64, err error, errno unix.Errno) error {
+	huge, _ := hugePageBytes(s.path)
+	if huge == 0 || !errors.Is(err, errno) {
+		return nil
+	}
+	return fmt.Errorf("pool: %s the %d-byte segment in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
+		action, bytes, s.path, err, total/huge, huge)
 }
 
 // hugePageBytes is the page size of the hugetlbfs mount that holds the

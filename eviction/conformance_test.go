@@ -27,6 +27,7 @@ func TestConformance(t *testing.T) {
 		{"Limits", testLimits},
 		{"Miss", testMiss},
 		{"Shadow", testShadow},
+		{"Rank", testRank},
 	}
 	for _, k := range kinds {
 		t.Run(k.String(), func(t *testing.T) {
@@ -501,4 +502,54 @@ func lfuBucket(p *lfu, id ID) int {
 		}
 	}
 	return -1
+}
+
+// testRank checks that Rank lists every block once, coldest first: what
+// Victim takes first, and, for the policies whose order a removal leaves
+// alone, the whole order in which Victim drains them.
+func testRank(t *testing.T, k Kind) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, uint64(k)))
+		p := New(k, Config{})
+		held := fill(p, rng, 1+rng.IntN(60))
+		if seed%2 == 0 {
+			for id := range held {
+				if rng.IntN(4) == 0 {
+					p.Remove(id)
+					delete(held, id)
+				}
+			}
+		}
+		prefix := []ID{7, 7}
+		rank := p.Rank(slices.Clone(prefix))
+		if !slices.Equal(rank[:2], prefix) {
+			t.Fatalf("Rank changed what out held: %v", rank[:2])
+		}
+		rank = rank[2:]
+		if len(rank) != len(held) || len(rank) != p.Len() {
+			t.Fatalf("seed %d: Rank lists %d blocks; %d held", seed, len(rank), len(held))
+		}
+		seen := map[ID]bool{}
+		for _, id := range rank {
+			if _, ok := held[id]; !ok || seen[id] {
+				t.Fatalf("seed %d: Rank lists %d, absent or twice", seed, id)
+			}
+			seen[id] = true
+		}
+		if !slices.Equal(p.Rank(nil), rank) {
+			t.Fatalf("seed %d: a second Rank differs", seed)
+		}
+		if len(rank) == 0 {
+			continue
+		}
+		if v, _ := p.Victim(t0, nil); v != rank[0] {
+			t.Fatalf("seed %d: Victim is %d, Rank's first %d", seed, v, rank[0])
+		}
+		switch k {
+		case LRU, FIFO, TTL:
+			if got := order(p); !slices.Equal(got, rank) {
+				t.Fatalf("seed %d: Victim drains in the order\n%v\nRank said\n%v", seed, got, rank)
+			}
+		}
+	}
 }

@@ -1,5 +1,7 @@
 package eviction
 
+import "slices"
+
 // heaped is a pointer to a node type that can sit in an idHeap.
 type heaped[N any] interface {
 	*N
@@ -61,6 +63,24 @@ func (h *idHeap[N, P]) fixAt(i uint32) {
 	if !h.down(i) {
 		h.up(i)
 	}
+}
+
+// appendOrdered appends h's IDs to out, least first, without changing h.
+func (h *idHeap[N, P]) appendOrdered(out []ID) []ID {
+	start := len(out)
+	for i := range h.n {
+		out = append(out, ID(h.id(i)))
+	}
+	slices.SortFunc(out[start:], func(a, b ID) int {
+		switch na, nb := P(h.nodes.at(uint32(a))), P(h.nodes.at(uint32(b))); {
+		case na.before(nb):
+			return -1
+		case nb.before(na):
+			return 1
+		}
+		return 0
+	})
+	return out
 }
 
 // minUnpinned returns the least block that is not pinned, or 0, without

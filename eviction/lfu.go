@@ -1,7 +1,9 @@
 package eviction
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/dgraph-io/ristretto/v2/z"
@@ -214,6 +216,23 @@ func (p *lfu) Victim(_ time.Time, pinned func(ID) bool) (ID, bool) {
 		}
 	}
 	return 0, false
+}
+
+// Rank implements Policy: by estimate now (which aging may have lowered
+// below a block's bucket), then the older use first, as Victim takes them.
+func (p *lfu) Rank(out []ID) []ID {
+	start := len(out)
+	for f := range p.buckets {
+		out = appendBackToFront(out, &p.buckets[f], &p.nodes)
+	}
+	slices.SortStableFunc(out[start:], func(a, b ID) int {
+		na, nb := p.nodes.at(uint32(a)), p.nodes.at(uint32(b))
+		if c := cmp.Compare(p.estimate(na.hash), p.estimate(nb.hash)); c != 0 {
+			return c
+		}
+		return cmp.Compare(na.seq, nb.seq)
+	})
+	return out
 }
 
 // rebucket moves id from bucket from to bucket to, keeping that bucket

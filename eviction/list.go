@@ -69,6 +69,15 @@ func moveToFront[N any, P linked[N]](l *list, t *table[N], id uint32) {
 	}
 }
 
+// appendBackToFront appends l's IDs from the back, the least recently
+// used end, to the front.
+func appendBackToFront[N any, P linked[N]](out []ID, l *list, t *table[N]) []ID {
+	for id := l.tail; id != 0; id = lk[N, P](t, id).prev {
+		out = append(out, ID(id))
+	}
+	return out
+}
+
 // lastUnpinned returns the block nearest the back of l that is not pinned,
 // or 0. It costs O(pinned blocks skipped).
 func lastUnpinned[N any, P linked[N]](l *list, t *table[N], pinned func(ID) bool) uint32 {

@@ -65,5 +65,8 @@ func (p *lru) Victim(_ time.Time, pinned func(ID) bool) (ID, bool) {
 	return 0, false
 }
 
+// Rank implements Policy: the list from its back.
+func (p *lru) Rank(out []ID) []ID { return appendBackToFront(out, &p.l, &p.nodes) }
+
 // Admit implements Policy: always true.
 func (p *lru) Admit(Block, ID) bool { return true }

@@ -163,6 +163,16 @@ type Policy interface {
 	// frequency of candidate's key (Hash, or derived from ID when 0) must
 	// exceed that of victim's. Every other policy returns true.
 	Admit(candidate Block, victim ID) bool
+	// Rank appends every block held to out, coldest first, and returns
+	// it: the order Victim would take them in with nothing pinned, were
+	// nothing touched or removed meanwhile. LFU orders by estimated
+	// frequency now, then by last use (Victim notices an estimate that
+	// aging lowered only when it reaches the block's bucket, so it may
+	// differ); PrefixLRU by its classes as they
+	// stand (removing a block can change its neighbours' classes). Rank
+	// does not change the policy; it costs O(n log n). A drain hands off
+	// the hottest blocks first: Rank's order, read from the back.
+	Rank(out []ID) []ID
 	// Len returns the number of blocks held.
 	Len() int
 	// Bytes returns the sum of Block.Bytes over the blocks held.

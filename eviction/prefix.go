@@ -190,5 +190,8 @@ func (p *prefix) Victim(_ time.Time, pinned func(ID) bool) (ID, bool) {
 	return 0, false
 }
 
+// Rank implements Policy: the heap in order.
+func (p *prefix) Rank(out []ID) []ID { return p.heap.appendOrdered(out) }
+
 // Admit implements Policy: always true.
 func (p *prefix) Admit(Block, ID) bool { return true }

@@ -152,5 +152,11 @@ func (p *ttl) Victim(_ time.Time, pinned func(ID) bool) (ID, bool) {
 	return 0, false
 }
 
+// Rank implements Policy: the blocks that expire, soonest first, then
+// the others from the back of their list.
+func (p *ttl) Rank(out []ID) []ID {
+	return appendBackToFront(p.expiring.appendOrdered(out), &p.never, &p.nodes)
+}
+
 // Admit implements Policy: always true.
 func (p *ttl) Admit(Block, ID) bool { return true }

@@ -58,7 +58,7 @@ func (t *tiers) promote(tenant, ns, key []byte) error {
 	if !ok {
 		return api.Errorf(api.ErrNotFound, "pool: no block %s/%s/%x in memory or on disk", tenant, ns, key)
 	}
-	res, err := t.Store.Reserve(tenant, ns, key, size, true)
+	res, err := t.Store.ReservePromotion(tenant, ns, key, size)
 	if err != nil {
 		return err
 	}

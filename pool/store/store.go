@@ -58,6 +58,8 @@ type Store struct {
 	defaultTenant               eviction.TenantConfig
 	highWatermark, lowWatermark float64
 	noEviction                  bool
+	// draining refuses new blocks and leases (SetDraining).
+	draining atomic.Bool
 
 	mu struct {
 		sync.Mutex
@@ -173,7 +175,10 @@ type Reservation struct {
 	serverOwned bool
 	// committing is set once Commit starts; the sweeper then skips r.
 	committing bool
-	mem        []byte
+	// promotion reservations bring a block of this node's own disk into
+	// memory: a drain does not refuse them.
+	promotion bool
+	mem       []byte
 }
 
 // Handle identifies the reservation to same-host clients.
@@ -306,7 +311,29 @@ func (s *Store) ValidateSize(size int64) error {
 // process. Errors: ErrInvalidArgument for a bad key or size,
 // ErrResourceExhausted when no free run is long enough.
 func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*Reservation, error) {
-	return s.reserve(tenant, ns, key, size, serverOwned, false)
+	return s.reserve(tenant, ns, key, size, serverOwned, false, false)
+}
+
+// ReservePromotion is Reserve for a block the node already holds on its
+// disk tier, coming into memory to be read: it is not a new block, so a
+// drain lets it through.
+func (s *Store) ReservePromotion(tenant, ns, key []byte, size int64) (*Reservation, error) {
+	return s.reserve(tenant, ns, key, size, true, false, true)
+}
+
+// SetDraining makes the store refuse new blocks and new read leases
+// (on), or take them again (off): Reserve, ReserveSpare, PutBytes, Lease
+// and the Commit of a reservation made before are ErrUnavailable, saying
+// the node is draining, so clients put elsewhere. Reads, removals and
+// promotions from the disk go on. Safe to call concurrently with
+// anything.
+func (s *Store) SetDraining(on bool) { s.draining.Store(on) }
+
+// Draining reports whether SetDraining(true) is in force.
+func (s *Store) Draining() bool { return s.draining.Load() }
+
+func errDraining(what string) error {
+	return api.Errorf(api.ErrUnavailable, "store: the node is draining and takes no new %s; use another node", what)
 }
 
 // ReserveSpare is Reserve for space held ahead of a put that may not come:
@@ -316,12 +343,15 @@ func (s *Store) Reserve(tenant, ns, key []byte, size int64, serverOwned bool) (*
 // which counts as no rejection. The reservation is server-owned (the
 // session ends it).
 func (s *Store) ReserveSpare(tenant, ns, key []byte, size int64) (*Reservation, error) {
-	return s.reserve(tenant, ns, key, size, true, true)
+	return s.reserve(tenant, ns, key, size, true, true, false)
 }
 
-func (s *Store) reserve(tenant, ns, key []byte, size int64, serverOwned, spare bool) (*Reservation, error) {
+func (s *Store) reserve(tenant, ns, key []byte, size int64, serverOwned, spare, promotion bool) (*Reservation, error) {
 	if err := api.ValidateKeyBytes(tenant, ns, key); err != nil {
 		return nil, err
+	}
+	if !promotion && s.draining.Load() {
+		return nil, errDraining("blocks")
 	}
 	if err := s.ValidateSize(size); err != nil {
 		return nil, err
@@ -368,6 +398,7 @@ func (s *Store) reserve(tenant, ns, key []byte, size int64, serverOwned, spare b
 		size:        size,
 		deadline:    s.now().Add(s.resTTL),
 		serverOwned: serverOwned,
+		promotion:   promotion,
 		mem:         s.memAt(page, size),
 	}
 	s.mu.res[r.handle] = r
@@ -428,6 +459,11 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 	if s.mu.res[r.handle] != r || r.committing {
 		s.mu.Unlock()
 		return CommitResult{}, api.Errorf(api.ErrFailedPrecondition, "store: reservation %d expired or already ended", r.handle)
+	}
+	if !r.promotion && s.draining.Load() {
+		s.mu.Unlock()
+		s.Abort(r)
+		return CommitResult{}, errDraining("blocks")
 	}
 	// From here on the sweeper leaves r alone and nobody else commits it.
 	r.committing = true

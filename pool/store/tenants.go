@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"container/heap"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -266,6 +267,9 @@ func (s *Store) Lease(tenant, ns []byte, keys [][]byte, d time.Duration) (int, t
 			return 0, time.Time{}, err
 		}
 	}
+	if s.draining.Load() {
+		return 0, time.Time{}, errDraining("leases")
+	}
 	until := s.now().Add(d)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -376,4 +380,68 @@ func (s *Store) LeasedBlocks(now time.Time) int {
 		}
 	}
 	return n
+}
+
+// HeldBlock is a live block as a drain sees it.
+type HeldBlock struct {
+	Tenant, Namespace string
+	Key               []byte // a copy
+	Size              int64
+	// LeasedUntil is when the block's read lease ends; zero when it has
+	// none.
+	LeasedUntil time.Time
+}
+
+// Hottest lists the live blocks in the order a drain should hand them
+// to peers: those under a read lease at now first, then the rest, each
+// tenant's blocks hottest first by its own policy (Rank read from the
+// back), the tenants taking turns. It holds the store's lock while it
+// ranks: O(n log n).
+func (s *Store) Hottest(now time.Time) []HeldBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := slices.Sorted(maps.Keys(s.mu.tenants))
+	ranks := make([][]eviction.ID, len(names))
+	turns := 0
+	for i, name := range names {
+		ranks[i] = s.mu.tenants[name].policy.Rank(nil)
+		slices.Reverse(ranks[i])
+		turns = max(turns, len(ranks[i]))
+	}
+	var leased, rest []HeldBlock
+	for turn := range turns {
+		for _, r := range ranks {
+			if turn >= len(r) {
+				continue
+			}
+			idx, e, ok := s.entryOfLocked(r[turn])
+			if !ok {
+				continue // the policy and the index disagree: Check reports it
+			}
+			ni := &s.mu.ns.list[e.ns]
+			b := HeldBlock{Tenant: ni.tenant, Namespace: ni.namespace, Key: bytes.Clone(s.mu.idx.key(idx)), Size: int64(e.size)}
+			if until := s.mu.leases[Pin{idx: idx, gen: e.gen}.Handle()]; until > now.UnixNano() {
+				b.LeasedUntil = time.Unix(0, until)
+				leased = append(leased, b)
+			} else {
+				rest = append(rest, b)
+			}
+		}
+	}
+	return append(leased, rest...)
+}
+
+// LeasedUntil reports when the read lease on a block ends, or the zero
+// time when the store holds no such block or no lease on it.
+func (s *Store) LeasedUntil(tenant, ns, key []byte, now time.Time) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx, ok := s.lookupLocked(tenant, ns, key)
+	if !ok {
+		return time.Time{}
+	}
+	if until := s.mu.leases[Pin{idx: idx, gen: s.mu.idx.entries.at(idx).gen}.Handle()]; until > now.UnixNano() {
+		return time.Unix(0, until)
+	}
+	return time.Time{}
 }

@@ -245,39 +245,51 @@ func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][
 	if err := ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
-	chain := wire.AppendChain(nil, keys)
 	var out []FetchResult
-	err := p.withConn(ctx, func(c *wire.Conn) error {
-		defer c.Bind(ctx)()
-		c.Queue(&wire.Request{Op: wire.OpFetch, Tenant: []byte(tenant), Namespace: []byte(namespace),
-			ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32))})
-		if err := c.Flush(chain); err != nil {
-			return ioError(ctx, "fetch", err)
-		}
-		resp, err := recv(ctx, c, "fetch")
-		if err != nil {
-			return err
-		}
-		if limit := wire.MaxFetchResultsBytes(len(keys)); resp.ValueLen > limit {
-			c.Break()
-			return ioError(ctx, "fetch", fmt.Errorf("node announced %d bytes of results for %d keys, more than %d", resp.ValueLen, len(keys), limit))
-		}
-		body := make([]byte, resp.ValueLen)
-		if _, err := io.ReadFull(c, body); err != nil {
-			return ioError(ctx, "fetch", err)
-		}
-		rs, err := wire.DecodeFetchResults(body, len(keys))
-		if err != nil {
-			return fmt.Errorf("%w: client: fetch: %v", ErrInternal, err)
-		}
-		out = make([]FetchResult, len(rs))
-		for i, r := range rs {
-			out[i] = FetchResult{Source: r.Source, Size: int64(min(r.Size, math.MaxInt64)), Took: r.Took,
-				Err: FromCode(codes.Code(r.Status), r.Message)}
-		}
-		return nil
+	err := p.withConn(ctx, func(c *wire.Conn) (err error) {
+		out, err = FetchOver(ctx, c, tenant, namespace, keys, timeout)
+		return err
 	})
 	return out, err
+}
+
+// FetchOver sends one Fetch frame on c, a data-channel connection to a
+// node, and reads the node's result for each key; timeout bounds the
+// node's pulls (0: its default). It is the data path's Client.Fetch, for
+// callers that hold their own connections: a draining node asks its
+// peers to pull its blocks with it. The error is the connection's (c is
+// then broken) or a malformed answer's; each key's outcome is its
+// result's Err.
+func FetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	chain := wire.AppendChain(nil, keys)
+	defer c.Bind(ctx)()
+	c.Queue(&wire.Request{Op: wire.OpFetch, Tenant: []byte(tenant), Namespace: []byte(namespace),
+		ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32))})
+	if err := c.Flush(chain); err != nil {
+		return nil, ioError(ctx, "fetch", err)
+	}
+	resp, err := recv(ctx, c, "fetch")
+	if err != nil {
+		return nil, err
+	}
+	if limit := wire.MaxFetchResultsBytes(len(keys)); resp.ValueLen > limit {
+		c.Break()
+		return nil, ioError(ctx, "fetch", fmt.Errorf("node announced %d bytes of results for %d keys, more than %d", resp.ValueLen, len(keys), limit))
+	}
+	body := make([]byte, resp.ValueLen)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return nil, ioError(ctx, "fetch", err)
+	}
+	rs, err := wire.DecodeFetchResults(body, len(keys))
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: fetch: %v", ErrInternal, err)
+	}
+	out := make([]FetchResult, len(rs))
+	for i, r := range rs {
+		out[i] = FetchResult{Source: r.Source, Size: int64(min(r.Size, math.MaxInt64)), Took: r.Took,
+			Err: FromCode(codes.Code(r.Status), r.Message)}
+	}
+	return out, nil
 }
 
 // removeWindow is how many removals one write pipelines.

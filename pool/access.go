@@ -54,6 +54,7 @@ var grpcRules = func() map[string]grpcRule {
 		adm + "ListPolicies":  adminRead,
 		adm + "SetPolicy":     adminWrite,
 		adm + "DeletePolicy":  adminWrite,
+		adm + "Drain":         adminWrite,
 
 		"/kvpool.transfer.v1.Transfer/Read":  {op: auth.OpTransfer},
 		"/kvpool.transfer.v1.Transfer/Write": {op: auth.OpTransfer},

@@ -57,6 +57,10 @@ type adminService struct {
 	// gpu is what a node's engines hold in GPU memory, as this daemon
 	// knows it; nil: nothing known.
 	gpu func(node, tenant, namespace string, chain [][]byte) (blocks int, followed bool)
+	// drainer drains the node; the node implements it.
+	drainer interface {
+		Drain(ctx context.Context, budget time.Duration) (DrainReport, error)
+	}
 	now func() time.Time
 }
 
@@ -281,4 +285,28 @@ func (a *adminService) DeletePolicy(ctx context.Context, req *kvpoolv1.DeletePol
 		return nil, err
 	}
 	return &kvpoolv1.DeletePolicyResponse{}, nil
+}
+
+func (a *adminService) Drain(ctx context.Context, req *kvpoolv1.DrainRequest) (*kvpoolv1.DrainResponse, error) {
+	if req.GetNodeId() != a.self {
+		return nil, api.Errorf(api.ErrFailedPrecondition, "pool: this is node %q, not %q: ask that node to drain", a.self, req.GetNodeId())
+	}
+	b := req.GetBudgetSeconds()
+	if !(b >= 0) || b > (100*365*24*time.Hour).Seconds() {
+		return nil, api.Errorf(api.ErrInvalidArgument, "pool: drain budget %v s: want ≥ 0 (0: the node's --drain-budget)", b)
+	}
+	rep, err := a.drainer.Drain(ctx, time.Duration(b*float64(time.Second)))
+	if err != nil {
+		return nil, err
+	}
+	out := &kvpoolv1.DrainResponse{
+		NodeId: a.self, Blocks: uint64(rep.Blocks), Bytes: uint64(rep.Bytes), ReplicatedBlocks: uint64(rep.Replicated),
+		HandedOffBlocks: uint64(rep.HandedOff), HandedOffBytes: uint64(rep.HandedOffBytes), KeptBlocks: uint64(rep.Kept),
+		LeasedKeptBlocks: uint64(rep.LeasedKept), PeerBlocks: map[string]uint64{}, HandOffSeconds: rep.HandOff.Seconds(),
+		LeaseWaitSeconds: rep.LeaseWait.Seconds(), TookSeconds: rep.Took.Seconds(), Errors: rep.Errors,
+	}
+	for id, k := range rep.PeerBlocks {
+		out.PeerBlocks[id] = uint64(k)
+	}
+	return out, nil
 }

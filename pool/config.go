@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
@@ -34,6 +35,7 @@ type Config struct {
 	PlanConfig
 	PersistConfig
 	DiskConfig
+	DrainConfig
 
 	// Version is reported by Info. Default "dev".
 	Version string
@@ -228,6 +230,7 @@ func (c *Config) fillDefaults() {
 	c.ClusterConfig.fill()
 	c.TransferConfig.fill()
 	c.PlanConfig.fill()
+	c.DrainConfig.fill()
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -349,6 +352,7 @@ func (c *Config) validate() error {
 	errs = append(errs, c.PlanConfig.validate()...)
 	errs = append(errs, c.PersistConfig.validate()...)
 	errs = append(errs, c.DiskConfig.validate()...)
+	errs = append(errs, c.DrainConfig.validate()...)
 	if c.Transport == transfer.ProtocolSHM && c.DisableShm {
 		errs = append(errs, errors.New("transport shm needs shared memory, which is disabled"))
 	}
@@ -356,6 +360,43 @@ func (c *Config) validate() error {
 		return fmt.Errorf("pool: invalid config: %w", err)
 	}
 	return nil
+}
+
+// DrainConfig configures how the node leaves the cluster (drain.go).
+type DrainConfig struct {
+	// DrainOnStop drains the node when Run's context ends (SIGTERM)
+	// before it stops: what Node.Drain does. Default false: the node
+	// stops at once, and its blocks go with it unless a data directory
+	// keeps them.
+	DrainOnStop bool
+	// DrainBudget bounds a drain: handing blocks to peers and waiting for
+	// leases together. Keep it below the time the supervisor gives the
+	// process to stop (the DaemonSet's terminationGracePeriodSeconds,
+	// systemd's TimeoutStopSec). Default 60 s.
+	DrainBudget time.Duration
+	// DrainChainBlocks is how many blocks one request asks a peer to
+	// pull. Default 64.
+	DrainChainBlocks int
+}
+
+func (c *DrainConfig) fill() {
+	if c.DrainBudget == 0 {
+		c.DrainBudget = 60 * time.Second
+	}
+	if c.DrainChainBlocks == 0 {
+		c.DrainChainBlocks = 64
+	}
+}
+
+func (c *DrainConfig) validate() []error {
+	var p problems
+	if c.DrainBudget < 0 {
+		p.add("drain budget %v must not be negative", c.DrainBudget)
+	}
+	if c.DrainChainBlocks < 1 || c.DrainChainBlocks > wire.MaxChainKeys {
+		p.add("drain chain blocks %d: want 1 to %d", c.DrainChainBlocks, wire.MaxChainKeys)
+	}
+	return p
 }
 
 // problems collects a component's configuration errors.

@@ -37,6 +37,8 @@ type metrics struct {
 	logsDropped   prometheus.Counter
 	// peerCacheUpdates counts the peers' engine-cache updates applied.
 	peerCacheUpdates prometheus.Counter
+	draining         prometheus.Gauge
+	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -93,6 +95,14 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_engine_caches_peer_updates_total",
 			Help: "Updates to peers' engines' GPU caches applied from their WatchEngineCaches streams.",
 		}),
+		draining: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvpool_pool_draining",
+			Help: "1 once the node has begun to drain (it takes no new blocks or leases and is leaving), else 0.",
+		}),
+		drainedBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_pool_drained_blocks_total",
+			Help: "Blocks in memory when the node drained, by outcome: replicated (another live node held them), handed_off (a peer pulled them), kept (only this node held them when the drain ended).",
+		}, []string{"outcome"}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
@@ -102,7 +112,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 	for _, r := range []string{fetchUnreachable, fetchPin, fetchSpace, fetchRead, fetchChecksum} {
 		m.fetchFailures.WithLabelValues(r) // every reason exported from the start, at 0
 	}
-	collectors := []prometheus.Collector{m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
+	for _, o := range []string{"replicated", "handed_off", "kept"} {
+		m.drainedBlocks.WithLabelValues(o)
+	}
+	collectors := []prometheus.Collector{m.draining, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

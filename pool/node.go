@@ -87,6 +87,11 @@ type Node struct {
 	grpcSrv *grpc.Server
 	health  *health.Server
 
+	// serving is Run's context for the services it runs: it ends when Run
+	// begins to stop. Set before ready closes.
+	serving context.Context
+	drain   drainState
+
 	ready     chan struct{}
 	closeOnce sync.Once
 	closeErr  error
@@ -102,7 +107,8 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, ready: make(chan struct{}), stopping: make(chan struct{}), hostID: api.HostID()}
+	n := &Node{cfg: cfg, ready: make(chan struct{}), stopping: make(chan struct{}), hostID: api.HostID(),
+		drain: drainState{done: make(chan struct{})}}
 	log := slog.New(newRateLimited(cfg.Logger.Handler(), time.Now, func() {
 		if m := n.metrics; m != nil {
 			m.logsDropped.Inc()
@@ -321,7 +327,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	kvpoolv1.RegisterKVPoolServiceServer(n.grpcSrv, kv)
 	admin := &adminService{self: cfg.NodeID, transport: cfg.Transport.String(), links: n.links, tenants: n.store,
-		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.blocks), now: cfg.Now}
+		policies: newPolicies(cfg.Etcd, cfg.MetadataPrefix, n.blocks), drainer: n, now: cfg.Now}
 	if n.cluster != nil {
 		admin.cluster = n.cluster
 		admin.gpu = n.gpuPrefix
@@ -434,11 +440,15 @@ func (n *Node) Plan(q PlanQuery) (PlanAnswer, error) { return n.planner.Plan(q) 
 // Ready is closed once Run is serving.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
 
-// Run serves until ctx is done, then shuts down gracefully. It returns nil
-// after a clean shutdown, else every service's error.
-func (n *Node) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+// Run serves until ctx is done or a drain has ended, then shuts down
+// gracefully; with DrainOnStop, the end of ctx drains the node first
+// (the services keep running meanwhile). It returns nil after a clean
+// shutdown, else every service's error.
+func (n *Node) Run(stop context.Context) error {
+	// The services' context outlives stop when the node drains on stop.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(stop))
 	defer cancel()
+	n.serving = ctx
 	g := services{cancel: cancel}
 	var httpSrv *http.Server
 	if n.doors.http != nil {
@@ -526,7 +536,17 @@ func (n *Node) Run(ctx context.Context) error {
 	n.log.Info("serving", "addr", n.Addr().String(), "shm_socket", n.ShmSocket(), "capacity_bytes", n.cfg.CapacityBytes,
 		"page_bytes", n.cfg.PageBytes, "memory_locked", n.seg.locked)
 
-	<-ctx.Done()
+	select {
+	case <-stop.Done():
+		if n.cfg.DrainOnStop {
+			if _, err := n.Drain(ctx, 0); err != nil {
+				n.log.Warn("drain on stop", "err", err)
+			}
+		}
+	case <-n.drain.done:
+	case <-ctx.Done(): // a service failed
+	}
+	cancel()
 	close(n.stopping)
 	n.health.Shutdown()
 	// Stop accepting: closing the listeners ends the accept loops.
@@ -645,6 +665,10 @@ func (n *Node) httpHandler() http.Handler {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-n.ready:
+			if n.store.Draining() {
+				http.Error(w, "draining", http.StatusServiceUnavailable)
+				return
+			}
 			io.WriteString(w, "ready\n")
 		default:
 			http.Error(w, "starting", http.StatusServiceUnavailable)

@@ -236,6 +236,12 @@ func grpcCalls() map[string]func(ctx context.Context, cc *grpc.ClientConn) error
 			_, err := adm(cc).DeletePolicy(ctx, &kvpoolv1.DeletePolicyRequest{Tenant: "absent"})
 			return err
 		},
+		// Another node's id: a caller let through is told so, and the
+		// node under test keeps serving.
+		"admin.Drain": func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := adm(cc).Drain(ctx, &kvpoolv1.DrainRequest{NodeId: "not-this-node"})
+			return err
+		},
 		"transfer.Read": func(ctx context.Context, cc *grpc.ClientConn) error {
 			s, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/kvpool.transfer.v1.Transfer/Read")
 			if err != nil {
@@ -341,7 +347,7 @@ func TestAccessTable(t *testing.T) {
 	}
 	// What the design says, per kind of caller: the calls refused, and how.
 	tenantOnly := []string{"admin.ListNodes", "admin.ClusterLocate", "admin.ListBlocks", "admin.ClusterStats", "admin.ListLinks",
-		"admin.GetPolicy", "admin.ListPolicies", "admin.SetPolicy", "admin.DeletePolicy", "transfer.Read"}
+		"admin.GetPolicy", "admin.ListPolicies", "admin.SetPolicy", "admin.DeletePolicy", "admin.Drain", "transfer.Read"}
 	acmesBlocks := []string{"Put", "Get", "BatchPut", "BatchGet", "Exists", "Locate", "Remove", "Fetch", "Route", "Estimate", "Plan",
 		"data.Get", "data.View", "data.Remove", "data.Reserve", "data.Put", "data.Fetch"}
 	want := func(c caller, call string) string {

@@ -9,6 +9,7 @@ package admin
 import (
 	"context"
 	"encoding/hex"
+	"time"
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
@@ -309,4 +310,43 @@ func (a *Client) Policies(ctx context.Context) ([]Policy, error) {
 func (a *Client) DeletePolicy(ctx context.Context, tenant string) error {
 	_, err := a.rpc.DeletePolicy(ctx, &kvpoolv1.DeletePolicyRequest{Tenant: tenant})
 	return api.FromStatus(err)
+}
+
+// DrainReport is what a node's drain did (see Client.Drain).
+type DrainReport struct {
+	NodeID string `json:"node_id"`
+	// Blocks and Bytes were in the node's memory when the drain began.
+	Blocks uint64 `json:"blocks"`
+	Bytes  uint64 `json:"bytes"`
+	// ReplicatedBlocks were already held by another live node.
+	ReplicatedBlocks uint64 `json:"replicated_blocks"`
+	// HandedOffBlocks were pulled by peers that lacked them.
+	HandedOffBlocks uint64 `json:"handed_off_blocks"`
+	HandedOffBytes  uint64 `json:"handed_off_bytes"`
+	// KeptBlocks were still only on the node when the drain ended, and
+	// left with it; LeasedKeptBlocks of them under a read lease.
+	KeptBlocks       uint64 `json:"kept_blocks"`
+	LeasedKeptBlocks uint64 `json:"leased_kept_blocks"`
+	// PeerBlocks is how many blocks each peer pulled.
+	PeerBlocks       map[string]uint64 `json:"peer_blocks"`
+	HandOffSeconds   float64           `json:"hand_off_seconds"`
+	LeaseWaitSeconds float64           `json:"lease_wait_seconds"`
+	TookSeconds      float64           `json:"took_seconds"`
+	// Errors are why blocks were not handed off, each reason once.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// Drain drains the node the client is connected to, which must be node:
+// it stops taking blocks and leases, hands what only it holds to its
+// peers, waits for leases, within budget (0: the node's own), and then
+// stops. The call returns when the drain has ended, with its report.
+func (a *Client) Drain(ctx context.Context, node string, budget time.Duration) (DrainReport, error) {
+	r, err := a.rpc.Drain(ctx, &kvpoolv1.DrainRequest{NodeId: node, BudgetSeconds: budget.Seconds()})
+	if err != nil {
+		return DrainReport{}, api.FromStatus(err)
+	}
+	return DrainReport{NodeID: r.GetNodeId(), Blocks: r.GetBlocks(), Bytes: r.GetBytes(), ReplicatedBlocks: r.GetReplicatedBlocks(),
+		HandedOffBlocks: r.GetHandedOffBlocks(), HandedOffBytes: r.GetHandedOffBytes(), KeptBlocks: r.GetKeptBlocks(),
+		LeasedKeptBlocks: r.GetLeasedKeptBlocks(), PeerBlocks: r.GetPeerBlocks(), HandOffSeconds: r.GetHandOffSeconds(),
+		LeaseWaitSeconds: r.GetLeaseWaitSeconds(), TookSeconds: r.GetTookSeconds(), Errors: r.GetErrors()}, nil
 }

@@ -24,6 +24,209 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DrainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node to drain: the one answering, named to guard against draining
+	// the wrong daemon.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Longest the drain may take, hand-off and lease wait together; 0: the
+	// node's --drain-budget.
+	BudgetSeconds float64 `protobuf:"fixed64,2,opt,name=budget_seconds,json=budgetSeconds,proto3" json:"budget_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DrainRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetBudgetSeconds() float64 {
+	if x != nil {
+		return x.BudgetSeconds
+	}
+	return 0
+}
+
+type DrainResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// In memory when the drain began.
+	Blocks uint64 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Already held by another live node.
+	ReplicatedBlocks uint64 `protobuf:"varint,4,opt,name=replicated_blocks,json=replicatedBlocks,proto3" json:"replicated_blocks,omitempty"`
+	// Pulled by a peer that lacked them.
+	HandedOffBlocks uint64 `protobuf:"varint,5,opt,name=handed_off_blocks,json=handedOffBlocks,proto3" json:"handed_off_blocks,omitempty"`
+	HandedOffBytes  uint64 `protobuf:"varint,6,opt,name=handed_off_bytes,json=handedOffBytes,proto3" json:"handed_off_bytes,omitempty"`
+	// Still only on this node when the drain ended; leased_kept_blocks of
+	// them under a read lease that outlasted the budget.
+	KeptBlocks       uint64 `protobuf:"varint,7,opt,name=kept_blocks,json=keptBlocks,proto3" json:"kept_blocks,omitempty"`
+	LeasedKeptBlocks uint64 `protobuf:"varint,8,opt,name=leased_kept_blocks,json=leasedKeptBlocks,proto3" json:"leased_kept_blocks,omitempty"`
+	// Blocks each peer pulled, by node id.
+	PeerBlocks       map[string]uint64 `protobuf:"bytes,9,rep,name=peer_blocks,json=peerBlocks,proto3" json:"peer_blocks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	HandOffSeconds   float64           `protobuf:"fixed64,10,opt,name=hand_off_seconds,json=handOffSeconds,proto3" json:"hand_off_seconds,omitempty"`
+	LeaseWaitSeconds float64           `protobuf:"fixed64,11,opt,name=lease_wait_seconds,json=leaseWaitSeconds,proto3" json:"lease_wait_seconds,omitempty"`
+	TookSeconds      float64           `protobuf:"fixed64,12,opt,name=took_seconds,json=tookSeconds,proto3" json:"took_seconds,omitempty"`
+	// Why blocks were not handed off, each reason once.
+	Errors        []string `protobuf:"bytes,13,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainResponse) Reset() {
+	*x = DrainResponse{}
+	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainResponse) ProtoMessage() {}
+
+func (x *DrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
+func (*DrainResponse) Descriptor() ([]byte, []int) {
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DrainResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainResponse) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetReplicatedBlocks() uint64 {
+	if x != nil {
+		return x.ReplicatedBlocks
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetHandedOffBlocks() uint64 {
+	if x != nil {
+		return x.HandedOffBlocks
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetHandedOffBytes() uint64 {
+	if x != nil {
+		return x.HandedOffBytes
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetKeptBlocks() uint64 {
+	if x != nil {
+		return x.KeptBlocks
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetLeasedKeptBlocks() uint64 {
+	if x != nil {
+		return x.LeasedKeptBlocks
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetPeerBlocks() map[string]uint64 {
+	if x != nil {
+		return x.PeerBlocks
+	}
+	return nil
+}
+
+func (x *DrainResponse) GetHandOffSeconds() float64 {
+	if x != nil {
+		return x.HandOffSeconds
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetLeaseWaitSeconds() float64 {
+	if x != nil {
+		return x.LeaseWaitSeconds
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetTookSeconds() float64 {
+	if x != nil {
+		return x.TookSeconds
+	}
+	return 0
+}
+
+func (x *DrainResponse) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
 // TenantPolicy is how one tenant's blocks are kept on every node.
 type TenantPolicy struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -54,7 +257,7 @@ type TenantPolicy struct {
 
 func (x *TenantPolicy) Reset() {
 	*x = TenantPolicy{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -66,7 +269,7 @@ func (x *TenantPolicy) String() string {
 func (*TenantPolicy) ProtoMessage() {}
 
 func (x *TenantPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[0]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -79,7 +282,7 @@ func (x *TenantPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantPolicy.ProtoReflect.Descriptor instead.
 func (*TenantPolicy) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TenantPolicy) GetTenant() string {
@@ -154,7 +357,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +369,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[1]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,7 +382,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *TenantPolicy {
@@ -201,7 +404,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +416,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[2]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +429,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetPolicyResponse) GetPolicy() *TenantPolicy {
@@ -252,7 +455,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +467,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[3]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +480,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetPolicyRequest) GetTenant() string {
@@ -296,7 +499,7 @@ type GetPolicyResponse struct {
 
 func (x *GetPolicyResponse) Reset() {
 	*x = GetPolicyResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +511,7 @@ func (x *GetPolicyResponse) String() string {
 func (*GetPolicyResponse) ProtoMessage() {}
 
 func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[4]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +524,7 @@ func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*GetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetPolicyResponse) GetPolicy() *TenantPolicy {
@@ -339,7 +542,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +554,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[5]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +567,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type ListPoliciesResponse struct {
@@ -376,7 +579,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +591,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[6]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +604,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*TenantPolicy {
@@ -420,7 +623,7 @@ type DeletePolicyRequest struct {
 
 func (x *DeletePolicyRequest) Reset() {
 	*x = DeletePolicyRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +635,7 @@ func (x *DeletePolicyRequest) String() string {
 func (*DeletePolicyRequest) ProtoMessage() {}
 
 func (x *DeletePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[7]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +648,7 @@ func (x *DeletePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeletePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeletePolicyRequest) GetTenant() string {
@@ -463,7 +666,7 @@ type DeletePolicyResponse struct {
 
 func (x *DeletePolicyResponse) Reset() {
 	*x = DeletePolicyResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +678,7 @@ func (x *DeletePolicyResponse) String() string {
 func (*DeletePolicyResponse) ProtoMessage() {}
 
 func (x *DeletePolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[8]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +691,7 @@ func (x *DeletePolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeletePolicyResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 type ListNodesRequest struct {
@@ -499,7 +702,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +714,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[9]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +727,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 type NodeStatus struct {
@@ -555,7 +758,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +770,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[10]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +783,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeStatus) GetNodeId() string {
@@ -692,7 +895,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +907,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[11]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +920,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -745,7 +948,7 @@ type ClusterLocateRequest struct {
 
 func (x *ClusterLocateRequest) Reset() {
 	*x = ClusterLocateRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +960,7 @@ func (x *ClusterLocateRequest) String() string {
 func (*ClusterLocateRequest) ProtoMessage() {}
 
 func (x *ClusterLocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[12]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +973,7 @@ func (x *ClusterLocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterLocateRequest.ProtoReflect.Descriptor instead.
 func (*ClusterLocateRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClusterLocateRequest) GetTenant() string {
@@ -812,7 +1015,7 @@ type NodePrefix struct {
 
 func (x *NodePrefix) Reset() {
 	*x = NodePrefix{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1027,7 @@ func (x *NodePrefix) String() string {
 func (*NodePrefix) ProtoMessage() {}
 
 func (x *NodePrefix) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[13]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1040,7 @@ func (x *NodePrefix) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePrefix.ProtoReflect.Descriptor instead.
 func (*NodePrefix) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodePrefix) GetNodeId() string {
@@ -884,7 +1087,7 @@ type ClusterLocateResponse struct {
 
 func (x *ClusterLocateResponse) Reset() {
 	*x = ClusterLocateResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1099,7 @@ func (x *ClusterLocateResponse) String() string {
 func (*ClusterLocateResponse) ProtoMessage() {}
 
 func (x *ClusterLocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[14]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1112,7 @@ func (x *ClusterLocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterLocateResponse.ProtoReflect.Descriptor instead.
 func (*ClusterLocateResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClusterLocateResponse) GetChainBlocks() uint32 {
@@ -965,7 +1168,7 @@ type ListBlocksRequest struct {
 
 func (x *ListBlocksRequest) Reset() {
 	*x = ListBlocksRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1180,7 @@ func (x *ListBlocksRequest) String() string {
 func (*ListBlocksRequest) ProtoMessage() {}
 
 func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[15]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1193,7 @@ func (x *ListBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ListBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListBlocksRequest) GetNodeId() string {
@@ -1018,7 +1221,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1233,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[16]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1246,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BlockRef) GetTenant() string {
@@ -1078,7 +1281,7 @@ type ListBlocksResponse struct {
 
 func (x *ListBlocksResponse) Reset() {
 	*x = ListBlocksResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1293,7 @@ func (x *ListBlocksResponse) String() string {
 func (*ListBlocksResponse) ProtoMessage() {}
 
 func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[17]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1306,7 @@ func (x *ListBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ListBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListBlocksResponse) GetBlocks() []*BlockRef {
@@ -1128,7 +1331,7 @@ type ClusterStatsRequest struct {
 
 func (x *ClusterStatsRequest) Reset() {
 	*x = ClusterStatsRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1343,7 @@ func (x *ClusterStatsRequest) String() string {
 func (*ClusterStatsRequest) ProtoMessage() {}
 
 func (x *ClusterStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[18]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1356,7 @@ func (x *ClusterStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatsRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 type ClusterStatsResponse struct {
@@ -1185,7 +1388,7 @@ type ClusterStatsResponse struct {
 
 func (x *ClusterStatsResponse) Reset() {
 	*x = ClusterStatsResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1400,7 @@ func (x *ClusterStatsResponse) String() string {
 func (*ClusterStatsResponse) ProtoMessage() {}
 
 func (x *ClusterStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[19]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1413,7 @@ func (x *ClusterStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatsResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ClusterStatsResponse) GetNodes() uint32 {
@@ -1340,7 +1543,7 @@ type ListLinksRequest struct {
 
 func (x *ListLinksRequest) Reset() {
 	*x = ListLinksRequest{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1555,7 @@ func (x *ListLinksRequest) String() string {
 func (*ListLinksRequest) ProtoMessage() {}
 
 func (x *ListLinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[20]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1568,7 @@ func (x *ListLinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLinksRequest.ProtoReflect.Descriptor instead.
 func (*ListLinksRequest) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 type LinkStatus struct {
@@ -1395,7 +1598,7 @@ type LinkStatus struct {
 
 func (x *LinkStatus) Reset() {
 	*x = LinkStatus{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1610,7 @@ func (x *LinkStatus) String() string {
 func (*LinkStatus) ProtoMessage() {}
 
 func (x *LinkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[21]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1623,7 @@ func (x *LinkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
 func (*LinkStatus) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LinkStatus) GetPeer() string {
@@ -1511,7 +1714,7 @@ type ListLinksResponse struct {
 
 func (x *ListLinksResponse) Reset() {
 	*x = ListLinksResponse{}
-	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1726,7 @@ func (x *ListLinksResponse) String() string {
 func (*ListLinksResponse) ProtoMessage() {}
 
 func (x *ListLinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpool_v1_admin_proto_msgTypes[22]
+	mi := &file_kvpool_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1739,7 @@ func (x *ListLinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLinksResponse.ProtoReflect.Descriptor instead.
 func (*ListLinksResponse) Descriptor() ([]byte, []int) {
-	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_kvpool_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListLinksResponse) GetNodeId() string {
@@ -1564,7 +1767,30 @@ var File_kvpool_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\x1a\x16kvpool/v1/kvpool.proto\"\xc8\x02\n" +
+	"\x15kvpool/v1/admin.proto\x12\tkvpool.v1\x1a\x16kvpool/v1/kvpool.proto\"N\n" +
+	"\fDrainRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
+	"\x0ebudget_seconds\x18\x02 \x01(\x01R\rbudgetSeconds\"\xc5\x04\n" +
+	"\rDrainResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12+\n" +
+	"\x11replicated_blocks\x18\x04 \x01(\x04R\x10replicatedBlocks\x12*\n" +
+	"\x11handed_off_blocks\x18\x05 \x01(\x04R\x0fhandedOffBlocks\x12(\n" +
+	"\x10handed_off_bytes\x18\x06 \x01(\x04R\x0ehandedOffBytes\x12\x1f\n" +
+	"\vkept_blocks\x18\a \x01(\x04R\n" +
+	"keptBlocks\x12,\n" +
+	"\x12leased_kept_blocks\x18\b \x01(\x04R\x10leasedKeptBlocks\x12I\n" +
+	"\vpeer_blocks\x18\t \x03(\v2(.kvpool.v1.DrainResponse.PeerBlocksEntryR\n" +
+	"peerBlocks\x12(\n" +
+	"\x10hand_off_seconds\x18\n" +
+	" \x01(\x01R\x0ehandOffSeconds\x12,\n" +
+	"\x12lease_wait_seconds\x18\v \x01(\x01R\x10leaseWaitSeconds\x12!\n" +
+	"\ftook_seconds\x18\f \x01(\x01R\vtookSeconds\x12\x16\n" +
+	"\x06errors\x18\r \x03(\tR\x06errors\x1a=\n" +
+	"\x0fPeerBlocksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc8\x02\n" +
 	"\fTenantPolicy\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12\x1f\n" +
@@ -1691,7 +1917,7 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\x11ListLinksResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12+\n" +
-	"\x05links\x18\x03 \x03(\v2\x15.kvpool.v1.LinkStatusR\x05links2\xc0\x05\n" +
+	"\x05links\x18\x03 \x03(\v2\x15.kvpool.v1.LinkStatusR\x05links2\xfc\x05\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.kvpool.v1.ListNodesRequest\x1a\x1c.kvpool.v1.ListNodesResponse\x12R\n" +
 	"\rClusterLocate\x12\x1f.kvpool.v1.ClusterLocateRequest\x1a .kvpool.v1.ClusterLocateResponse\x12I\n" +
@@ -1702,7 +1928,8 @@ const file_kvpool_v1_admin_proto_rawDesc = "" +
 	"\tSetPolicy\x12\x1b.kvpool.v1.SetPolicyRequest\x1a\x1c.kvpool.v1.SetPolicyResponse\x12F\n" +
 	"\tGetPolicy\x12\x1b.kvpool.v1.GetPolicyRequest\x1a\x1c.kvpool.v1.GetPolicyResponse\x12O\n" +
 	"\fListPolicies\x12\x1e.kvpool.v1.ListPoliciesRequest\x1a\x1f.kvpool.v1.ListPoliciesResponse\x12O\n" +
-	"\fDeletePolicy\x12\x1e.kvpool.v1.DeletePolicyRequest\x1a\x1f.kvpool.v1.DeletePolicyResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
+	"\fDeletePolicy\x12\x1e.kvpool.v1.DeletePolicyRequest\x1a\x1f.kvpool.v1.DeletePolicyResponse\x12:\n" +
+	"\x05Drain\x12\x17.kvpool.v1.DrainRequest\x1a\x18.kvpool.v1.DrainResponseB1Z/github.com/kvpool/kvpool/api/kvpool/v1;kvpoolv1b\x06proto3"
 
 var (
 	file_kvpool_v1_admin_proto_rawDescOnce sync.Once
@@ -1716,68 +1943,74 @@ func file_kvpool_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvpool_v1_admin_proto_rawDescData
 }
 
-var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_kvpool_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_kvpool_v1_admin_proto_goTypes = []any{
-	(*TenantPolicy)(nil),          // 0: kvpool.v1.TenantPolicy
-	(*SetPolicyRequest)(nil),      // 1: kvpool.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),     // 2: kvpool.v1.SetPolicyResponse
-	(*GetPolicyRequest)(nil),      // 3: kvpool.v1.GetPolicyRequest
-	(*GetPolicyResponse)(nil),     // 4: kvpool.v1.GetPolicyResponse
-	(*ListPoliciesRequest)(nil),   // 5: kvpool.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),  // 6: kvpool.v1.ListPoliciesResponse
-	(*DeletePolicyRequest)(nil),   // 7: kvpool.v1.DeletePolicyRequest
-	(*DeletePolicyResponse)(nil),  // 8: kvpool.v1.DeletePolicyResponse
-	(*ListNodesRequest)(nil),      // 9: kvpool.v1.ListNodesRequest
-	(*NodeStatus)(nil),            // 10: kvpool.v1.NodeStatus
-	(*ListNodesResponse)(nil),     // 11: kvpool.v1.ListNodesResponse
-	(*ClusterLocateRequest)(nil),  // 12: kvpool.v1.ClusterLocateRequest
-	(*NodePrefix)(nil),            // 13: kvpool.v1.NodePrefix
-	(*ClusterLocateResponse)(nil), // 14: kvpool.v1.ClusterLocateResponse
-	(*ListBlocksRequest)(nil),     // 15: kvpool.v1.ListBlocksRequest
-	(*BlockRef)(nil),              // 16: kvpool.v1.BlockRef
-	(*ListBlocksResponse)(nil),    // 17: kvpool.v1.ListBlocksResponse
-	(*ClusterStatsRequest)(nil),   // 18: kvpool.v1.ClusterStatsRequest
-	(*ClusterStatsResponse)(nil),  // 19: kvpool.v1.ClusterStatsResponse
-	(*ListLinksRequest)(nil),      // 20: kvpool.v1.ListLinksRequest
-	(*LinkStatus)(nil),            // 21: kvpool.v1.LinkStatus
-	(*ListLinksResponse)(nil),     // 22: kvpool.v1.ListLinksResponse
-	nil,                           // 23: kvpool.v1.NodeStatus.AddrsEntry
-	(*TenantStats)(nil),           // 24: kvpool.v1.TenantStats
+	(*DrainRequest)(nil),          // 0: kvpool.v1.DrainRequest
+	(*DrainResponse)(nil),         // 1: kvpool.v1.DrainResponse
+	(*TenantPolicy)(nil),          // 2: kvpool.v1.TenantPolicy
+	(*SetPolicyRequest)(nil),      // 3: kvpool.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),     // 4: kvpool.v1.SetPolicyResponse
+	(*GetPolicyRequest)(nil),      // 5: kvpool.v1.GetPolicyRequest
+	(*GetPolicyResponse)(nil),     // 6: kvpool.v1.GetPolicyResponse
+	(*ListPoliciesRequest)(nil),   // 7: kvpool.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 8: kvpool.v1.ListPoliciesResponse
+	(*DeletePolicyRequest)(nil),   // 9: kvpool.v1.DeletePolicyRequest
+	(*DeletePolicyResponse)(nil),  // 10: kvpool.v1.DeletePolicyResponse
+	(*ListNodesRequest)(nil),      // 11: kvpool.v1.ListNodesRequest
+	(*NodeStatus)(nil),            // 12: kvpool.v1.NodeStatus
+	(*ListNodesResponse)(nil),     // 13: kvpool.v1.ListNodesResponse
+	(*ClusterLocateRequest)(nil),  // 14: kvpool.v1.ClusterLocateRequest
+	(*NodePrefix)(nil),            // 15: kvpool.v1.NodePrefix
+	(*ClusterLocateResponse)(nil), // 16: kvpool.v1.ClusterLocateResponse
+	(*ListBlocksRequest)(nil),     // 17: kvpool.v1.ListBlocksRequest
+	(*BlockRef)(nil),              // 18: kvpool.v1.BlockRef
+	(*ListBlocksResponse)(nil),    // 19: kvpool.v1.ListBlocksResponse
+	(*ClusterStatsRequest)(nil),   // 20: kvpool.v1.ClusterStatsRequest
+	(*ClusterStatsResponse)(nil),  // 21: kvpool.v1.ClusterStatsResponse
+	(*ListLinksRequest)(nil),      // 22: kvpool.v1.ListLinksRequest
+	(*LinkStatus)(nil),            // 23: kvpool.v1.LinkStatus
+	(*ListLinksResponse)(nil),     // 24: kvpool.v1.ListLinksResponse
+	nil,                           // 25: kvpool.v1.DrainResponse.PeerBlocksEntry
+	nil,                           // 26: kvpool.v1.NodeStatus.AddrsEntry
+	(*TenantStats)(nil),           // 27: kvpool.v1.TenantStats
 }
 var file_kvpool_v1_admin_proto_depIdxs = []int32{
-	0,  // 0: kvpool.v1.SetPolicyRequest.policy:type_name -> kvpool.v1.TenantPolicy
-	0,  // 1: kvpool.v1.SetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
-	0,  // 2: kvpool.v1.GetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
-	0,  // 3: kvpool.v1.ListPoliciesResponse.policies:type_name -> kvpool.v1.TenantPolicy
-	23, // 4: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
-	10, // 5: kvpool.v1.ListNodesResponse.nodes:type_name -> kvpool.v1.NodeStatus
-	13, // 6: kvpool.v1.ClusterLocateResponse.nodes:type_name -> kvpool.v1.NodePrefix
-	16, // 7: kvpool.v1.ListBlocksResponse.blocks:type_name -> kvpool.v1.BlockRef
-	24, // 8: kvpool.v1.ClusterStatsResponse.tenants:type_name -> kvpool.v1.TenantStats
-	21, // 9: kvpool.v1.ListLinksResponse.links:type_name -> kvpool.v1.LinkStatus
-	9,  // 10: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
-	12, // 11: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
-	15, // 12: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
-	18, // 13: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
-	20, // 14: kvpool.v1.AdminService.ListLinks:input_type -> kvpool.v1.ListLinksRequest
-	1,  // 15: kvpool.v1.AdminService.SetPolicy:input_type -> kvpool.v1.SetPolicyRequest
-	3,  // 16: kvpool.v1.AdminService.GetPolicy:input_type -> kvpool.v1.GetPolicyRequest
-	5,  // 17: kvpool.v1.AdminService.ListPolicies:input_type -> kvpool.v1.ListPoliciesRequest
-	7,  // 18: kvpool.v1.AdminService.DeletePolicy:input_type -> kvpool.v1.DeletePolicyRequest
-	11, // 19: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
-	14, // 20: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
-	17, // 21: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
-	19, // 22: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
-	22, // 23: kvpool.v1.AdminService.ListLinks:output_type -> kvpool.v1.ListLinksResponse
-	2,  // 24: kvpool.v1.AdminService.SetPolicy:output_type -> kvpool.v1.SetPolicyResponse
-	4,  // 25: kvpool.v1.AdminService.GetPolicy:output_type -> kvpool.v1.GetPolicyResponse
-	6,  // 26: kvpool.v1.AdminService.ListPolicies:output_type -> kvpool.v1.ListPoliciesResponse
-	8,  // 27: kvpool.v1.AdminService.DeletePolicy:output_type -> kvpool.v1.DeletePolicyResponse
-	19, // [19:28] is the sub-list for method output_type
-	10, // [10:19] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	25, // 0: kvpool.v1.DrainResponse.peer_blocks:type_name -> kvpool.v1.DrainResponse.PeerBlocksEntry
+	2,  // 1: kvpool.v1.SetPolicyRequest.policy:type_name -> kvpool.v1.TenantPolicy
+	2,  // 2: kvpool.v1.SetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
+	2,  // 3: kvpool.v1.GetPolicyResponse.policy:type_name -> kvpool.v1.TenantPolicy
+	2,  // 4: kvpool.v1.ListPoliciesResponse.policies:type_name -> kvpool.v1.TenantPolicy
+	26, // 5: kvpool.v1.NodeStatus.addrs:type_name -> kvpool.v1.NodeStatus.AddrsEntry
+	12, // 6: kvpool.v1.ListNodesResponse.nodes:type_name -> kvpool.v1.NodeStatus
+	15, // 7: kvpool.v1.ClusterLocateResponse.nodes:type_name -> kvpool.v1.NodePrefix
+	18, // 8: kvpool.v1.ListBlocksResponse.blocks:type_name -> kvpool.v1.BlockRef
+	27, // 9: kvpool.v1.ClusterStatsResponse.tenants:type_name -> kvpool.v1.TenantStats
+	23, // 10: kvpool.v1.ListLinksResponse.links:type_name -> kvpool.v1.LinkStatus
+	11, // 11: kvpool.v1.AdminService.ListNodes:input_type -> kvpool.v1.ListNodesRequest
+	14, // 12: kvpool.v1.AdminService.ClusterLocate:input_type -> kvpool.v1.ClusterLocateRequest
+	17, // 13: kvpool.v1.AdminService.ListBlocks:input_type -> kvpool.v1.ListBlocksRequest
+	20, // 14: kvpool.v1.AdminService.ClusterStats:input_type -> kvpool.v1.ClusterStatsRequest
+	22, // 15: kvpool.v1.AdminService.ListLinks:input_type -> kvpool.v1.ListLinksRequest
+	3,  // 16: kvpool.v1.AdminService.SetPolicy:input_type -> kvpool.v1.SetPolicyRequest
+	5,  // 17: kvpool.v1.AdminService.GetPolicy:input_type -> kvpool.v1.GetPolicyRequest
+	7,  // 18: kvpool.v1.AdminService.ListPolicies:input_type -> kvpool.v1.ListPoliciesRequest
+	9,  // 19: kvpool.v1.AdminService.DeletePolicy:input_type -> kvpool.v1.DeletePolicyRequest
+	0,  // 20: kvpool.v1.AdminService.Drain:input_type -> kvpool.v1.DrainRequest
+	13, // 21: kvpool.v1.AdminService.ListNodes:output_type -> kvpool.v1.ListNodesResponse
+	16, // 22: kvpool.v1.AdminService.ClusterLocate:output_type -> kvpool.v1.ClusterLocateResponse
+	19, // 23: kvpool.v1.AdminService.ListBlocks:output_type -> kvpool.v1.ListBlocksResponse
+	21, // 24: kvpool.v1.AdminService.ClusterStats:output_type -> kvpool.v1.ClusterStatsResponse
+	24, // 25: kvpool.v1.AdminService.ListLinks:output_type -> kvpool.v1.ListLinksResponse
+	4,  // 26: kvpool.v1.AdminService.SetPolicy:output_type -> kvpool.v1.SetPolicyResponse
+	6,  // 27: kvpool.v1.AdminService.GetPolicy:output_type -> kvpool.v1.GetPolicyResponse
+	8,  // 28: kvpool.v1.AdminService.ListPolicies:output_type -> kvpool.v1.ListPoliciesResponse
+	10, // 29: kvpool.v1.AdminService.DeletePolicy:output_type -> kvpool.v1.DeletePolicyResponse
+	1,  // 30: kvpool.v1.AdminService.Drain:output_type -> kvpool.v1.DrainResponse
+	21, // [21:31] is the sub-list for method output_type
+	11, // [11:21] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_kvpool_v1_admin_proto_init() }
@@ -1792,7 +2025,7 @@ func file_kvpool_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpool_v1_admin_proto_rawDesc), len(file_kvpool_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	AdminService_GetPolicy_FullMethodName     = "/kvpool.v1.AdminService/GetPolicy"
 	AdminService_ListPolicies_FullMethodName  = "/kvpool.v1.AdminService/ListPolicies"
 	AdminService_DeletePolicy_FullMethodName  = "/kvpool.v1.AdminService/DeletePolicy"
+	AdminService_Drain_FullMethodName         = "/kvpool.v1.AdminService/Drain"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -62,6 +63,15 @@ type AdminServiceClient interface {
 	// DeletePolicy removes a tenant's policy; its blocks fall back to the
 	// node's defaults.
 	DeletePolicy(ctx context.Context, in *DeletePolicyRequest, opts ...grpc.CallOption) (*DeletePolicyResponse, error)
+	// Drain makes the answering node leave the cluster without losing what
+	// only it holds: it takes no new blocks or leases (Unavailable), asks
+	// peers that lack its blocks to pull them, leased and hottest first,
+	// waits for read leases on what is still only here, all within the
+	// budget; answers with what it did; and then stops, its records leaving
+	// etcd with its lease. node_id must name the answering node
+	// (FailedPrecondition otherwise). A second call waits for the same
+	// drain.
+	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 }
 
 type adminServiceClient struct {
@@ -162,6 +172,16 @@ func (c *adminServiceClient) DeletePolicy(ctx context.Context, in *DeletePolicyR
 	return out, nil
 }
 
+func (c *adminServiceClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainResponse)
+	err := c.cc.Invoke(ctx, AdminService_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -191,6 +211,15 @@ type AdminServiceServer interface {
 	// DeletePolicy removes a tenant's policy; its blocks fall back to the
 	// node's defaults.
 	DeletePolicy(context.Context, *DeletePolicyRequest) (*DeletePolicyResponse, error)
+	// Drain makes the answering node leave the cluster without losing what
+	// only it holds: it takes no new blocks or leases (Unavailable), asks
+	// peers that lack its blocks to pull them, leased and hottest first,
+	// waits for read leases on what is still only here, all within the
+	// budget; answers with what it did; and then stops, its records leaving
+	// etcd with its lease. node_id must name the answering node
+	// (FailedPrecondition otherwise). A second call waits for the same
+	// drain.
+	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -227,6 +256,9 @@ func (UnimplementedAdminServiceServer) ListPolicies(context.Context, *ListPolici
 }
 func (UnimplementedAdminServiceServer) DeletePolicy(context.Context, *DeletePolicyRequest) (*DeletePolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeletePolicy not implemented")
+}
+func (UnimplementedAdminServiceServer) Drain(context.Context, *DrainRequest) (*DrainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -411,6 +443,24 @@ func _AdminService_DeletePolicy_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Drain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Drain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Drain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Drain(ctx, req.(*DrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -453,6 +503,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeletePolicy",
 			Handler:    _AdminService_DeletePolicy_Handler,
+		},
+		{
+			MethodName: "Drain",
+			Handler:    _AdminService_Drain_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -59,6 +59,11 @@ class AdminServiceStub(object):
                 request_serializer=kvpool_dot_v1_dot_admin__pb2.DeletePolicyRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_admin__pb2.DeletePolicyResponse.FromString,
                 )
+        self.Drain = channel.unary_unary(
+                '/kvpool.v1.AdminService/Drain',
+                request_serializer=kvpool_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+                )
 
 
 class AdminServiceServicer(object):
@@ -134,6 +139,20 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Drain makes the answering node leave the cluster without losing what
+        only it holds: it takes no new blocks or leases (Unavailable), asks
+        peers that lack its blocks to pull them, leased and hottest first,
+        waits for read leases on what is still only here, all within the
+        budget; answers with what it did; and then stops, its records leaving
+        etcd with its lease. node_id must name the answering node
+        (FailedPrecondition otherwise). A second call waits for the same
+        drain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +200,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeletePolicy,
                     request_deserializer=kvpool_dot_v1_dot_admin__pb2.DeletePolicyRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_admin__pb2.DeletePolicyResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=kvpool_dot_v1_dot_admin__pb2.DrainRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -342,5 +366,22 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/kvpool.v1.AdminService/DeletePolicy',
             kvpool_dot_v1_dot_admin__pb2.DeletePolicyRequest.SerializeToString,
             kvpool_dot_v1_dot_admin__pb2.DeletePolicyResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvpool.v1.AdminService/Drain',
+            kvpool_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+            kvpool_dot_v1_dot_admin__pb2.DrainResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

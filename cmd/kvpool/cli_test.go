@@ -518,6 +518,23 @@ func TestClusterAndPolicyCommands(t *testing.T) {
 	if r := kv(t, nil, "policy", "get", "--server", a.addr, "--tenant", "acme"); r.code != 1 || !strings.Contains(r.stderr, "no policy") {
 		t.Errorf("get after delete: exit %d, %q", r.code, r.stderr)
 	}
+
+	// Drain b, asking a: a pulls b's two blocks, and b's daemon exits 0
+	// (the cleanup checks).
+	if r := kv(t, nil, "cluster", "drain", "--server", a.addr); r.code != 2 || !strings.Contains(r.stderr, "--node is required") {
+		t.Errorf("drain without --node: exit %d, %q", r.code, r.stderr)
+	}
+	if r := kv(t, nil, "cluster", "drain", "--server", a.addr, "--node", "ghost"); r.code != 1 || !strings.Contains(r.stderr, `no node "ghost"`) {
+		t.Errorf("drain of a ghost node: exit %d, %q", r.code, r.stderr)
+	}
+	var dr admin.DrainReport
+	decode(t, mustOK(t, kv(t, nil, "cluster", "drain", "--server", a.addr, "--node", "cmd-second", "--budget", "20s", "--json")), &dr)
+	if dr.NodeID != "cmd-second" || dr.Blocks != 2 || dr.HandedOffBlocks != 2 || dr.KeptBlocks != 0 || dr.PeerBlocks[nodes.AnsweredBy] != 2 {
+		t.Fatalf("cluster drain --json: %+v", dr)
+	}
+	for _, k := range keys[:2] {
+		mustOK(t, kv(t, nil, "block", "get", "--server", a.addr, "--tenant", "acme", "--namespace", "m", "--hex", "--key", k))
+	}
 }
 
 func TestDemo(t *testing.T) {

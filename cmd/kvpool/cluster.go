@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -300,4 +302,86 @@ func (f *clientFlags) askTiers(ctx context.Context, a *admin.Client, loc *admin.
 		}
 	}
 	return nil
+}
+
+func clusterDrainCmd(e *env) *cobra.Command {
+	var f clientFlags
+	var node string
+	var budget time.Duration
+	c := &cobra.Command{
+		Use:   "drain --node ID",
+		Short: "Drain a node: it hands what only it holds to its peers, waits for leases, and stops",
+		Long: `Drain makes a node leave the cluster without losing what only it holds.
+The node stops taking new blocks and leases (clients get Unavailable and go
+elsewhere), asks its live peers to pull every block in its memory that no
+other live node holds, leased and hottest first, waits for read leases on
+what is still only its own, all within --budget, and then stops: its
+records leave etcd with its lease. Blocks on its disk tier stay there for
+its return.
+
+--server names any daemon; the node's address comes from that daemon's view
+of the cluster. The command waits for the drain and prints what it did.
+Under a supervisor that restarts the daemon (a DaemonSet, systemd's
+Restart=), the node comes back empty and serving: drain it before taking the
+machine down, or run the daemon with --drain-on-stop.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if node == "" {
+				return usagef("--node is required: the id of the node to drain (kvpool cluster nodes lists them)")
+			}
+			if budget < 0 {
+				return usagef("--budget %v: want ≥ 0", budget)
+			}
+			if !cmd.Flags().Changed("timeout") {
+				// The drain's own budget bounds it (the node's default is 60 s).
+				f.timeout = max(budget, 10*time.Minute) + 30*time.Second
+			}
+			var addr string
+			if err := f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
+				nodes, err := a.Nodes(ctx)
+				if err != nil {
+					return err
+				}
+				for _, n := range nodes.Nodes {
+					if n.ID == node {
+						addr = n.Addrs["grpc"]
+					}
+				}
+				if addr == "" {
+					return fmt.Errorf("%w: %s knows no node %q with an address", api.ErrNotFound, nodes.AnsweredBy, node)
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			f.server = addr
+			return f.withAdmin(cmd, func(ctx context.Context, a *admin.Client) error {
+				r, err := a.Drain(ctx, node, budget)
+				if err != nil || f.asJSON {
+					return printOr(e, err, r)
+				}
+				fmt.Fprintf(e.stdout, "drained %s in %s: %d blocks (%s) in memory\n", r.NodeID, seconds(r.TookSeconds), r.Blocks, humanBytes(r.Bytes))
+				fmt.Fprintf(e.stdout, "  already on another node  %d\n", r.ReplicatedBlocks)
+				fmt.Fprintf(e.stdout, "  handed off               %d (%s) in %s\n", r.HandedOffBlocks, humanBytes(r.HandedOffBytes), seconds(r.HandOffSeconds))
+				fmt.Fprintf(e.stdout, "  left with the node       %d (%d under a lease)\n", r.KeptBlocks, r.LeasedKeptBlocks)
+				if r.LeaseWaitSeconds > 0 {
+					fmt.Fprintf(e.stdout, "  waited for leases        %s\n", seconds(r.LeaseWaitSeconds))
+				}
+				peers := slices.Sorted(maps.Keys(r.PeerBlocks))
+				for _, p := range peers {
+					fmt.Fprintf(e.stdout, "  to %-22s %d\n", p, r.PeerBlocks[p])
+				}
+				for _, msg := range r.Errors {
+					fmt.Fprintf(e.stdout, "  not handed off: %s\n", msg)
+				}
+				return nil
+			})
+		},
+	}
+	adminFlags(c, &f)
+	t := c.Flags().Lookup("timeout")
+	t.Usage, t.DefValue = "give up waiting after this long (default: --budget or 10m, whichever is longer, plus 30s)", "0s"
+	c.Flags().StringVar(&node, "node", "", "id of the node to drain (required)")
+	c.Flags().DurationVar(&budget, "budget", 0, "longest the drain may take, hand-off and lease wait together (default: the node's --drain-budget)")
+	return c
 }

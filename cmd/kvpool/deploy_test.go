@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/pool"
 )
 
 // manifests is every object under deploy/kubernetes, decoded strictly
@@ -283,6 +284,11 @@ func TestKubernetesManifests(t *testing.T) {
 	if !s.Secured {
 		t.Error("the daemon would listen beyond loopback with no credentials")
 	}
+	// A deleted pod drains first, and the kubelet waits long enough for it
+	// (and for the shutdown after it).
+	if grace := pod.Spec.TerminationGracePeriodSeconds; !s.DrainOnStop || grace == nil || s.DrainBudgetSeconds+pool.ShutdownGrace.Seconds()+10 > float64(*grace) {
+		t.Errorf("drain_on_stop %v with a %v s budget: the pod's termination grace must cover it, the shutdown and 10 s more", s.DrainOnStop, s.DrainBudgetSeconds)
+	}
 
 	// Ports and probes.
 	if !pod.Spec.HostNetwork {
@@ -537,6 +543,10 @@ func TestSystemdUnit(t *testing.T) {
 		if got := u.one(t, "Service", key); got != want {
 			t.Errorf("%s=%s, want %s", key, got, want)
 		}
+	}
+	if stop, err := time.ParseDuration(u.one(t, "Service", "TimeoutStopSec") + "s"); err != nil || !s.DrainOnStop ||
+		s.DrainBudgetSeconds+pool.ShutdownGrace.Seconds()+10 > stop.Seconds() {
+		t.Errorf("drain_on_stop %v with a %v s budget: TimeoutStopSec must cover it, the shutdown and 10 s more", s.DrainOnStop, s.DrainBudgetSeconds)
 	}
 	if s.LockMemory && u.one(t, "Service", "LimitMEMLOCK") != "infinity" {
 		t.Error("lock_memory needs LimitMEMLOCK=infinity")

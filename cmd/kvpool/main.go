@@ -21,6 +21,10 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal asks for a graceful stop (a drain, with node serve
+	// --drain-on-stop); a second one then takes its default action and
+	// ends the process at once.
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -119,8 +123,8 @@ Commands are <noun> <verb>. Run "kvpool cluster demo" to see a cluster at work,
 		noun("block", "Store, read, find and move blocks on a node",
 			blockPutCmd(e), blockGetCmd(e), blockExistsCmd(e), blockRemoveCmd(e), blockLocateCmd(e), blockFetchCmd(e)),
 		chainCmd(e),
-		noun("cluster", "Ask any daemon about the whole cluster: nodes, block locality, blocks, stats, links; or run a demo cluster",
-			clusterNodesCmd(e), clusterLocateCmd(e), clusterBlocksCmd(e), clusterStatsCmd(e), clusterLinksCmd(e), clusterDemoCmd(e)),
+		noun("cluster", "Ask any daemon about the whole cluster: nodes, block locality, blocks, stats, links; drain a node; or run a demo cluster",
+			clusterNodesCmd(e), clusterLocateCmd(e), clusterBlocksCmd(e), clusterStatsCmd(e), clusterLinksCmd(e), clusterDrainCmd(e), clusterDemoCmd(e)),
 		policyCmd(e),
 		simCmd(e),
 		replayCmd(e),
@@ -135,7 +139,7 @@ Commands are <noun> <verb>. Run "kvpool cluster demo" to see a cluster at work,
 		alias(e, noun("admin", "Former name of cluster and policy",
 			alias(e, clusterNodesCmd(e), "cluster nodes"), alias(e, clusterLocateCmd(e), "cluster locate"),
 			alias(e, clusterBlocksCmd(e), "cluster blocks"), alias(e, clusterStatsCmd(e), "cluster stats"),
-			alias(e, clusterLinksCmd(e), "cluster links"), alias(e, policyCmd(e), "policy")), ""),
+			alias(e, clusterLinksCmd(e), "cluster links"), alias(e, clusterDrainCmd(e), "cluster drain"), alias(e, policyCmd(e), "policy")), ""),
 	)
 	return root
 }

@@ -269,6 +269,9 @@ type checkedSettings struct {
 	EtcdEndpoints []string `json:"etcd_endpoints,omitempty"`
 	Standalone    bool     `json:"standalone"`
 	Secured       bool     `json:"secured"`
+	// DrainOnStop and DrainBudgetSeconds: what SIGTERM does first.
+	DrainOnStop        bool    `json:"drain_on_stop"`
+	DrainBudgetSeconds float64 `json:"drain_budget_seconds"`
 	// Files are the files the settings name (TLS, tokens, profiles), by
 	// setting; --check-config does not open them.
 	Files    map[string]string `json:"files,omitempty"`
@@ -281,6 +284,7 @@ func newCheckedSettings(c *pool.Config, o *serveOptions) checkedSettings {
 		ShmSocket: c.ShmSocket, DataDir: c.DataDir, SegmentPath: c.SegmentPath, CapacityBytes: c.CapacityBytes, LockMemory: c.LockMemory,
 		DiskDir: c.DiskDir, DiskCapacity: c.DiskCapacityBytes, EtcdEndpoints: o.etcdEndpoints, Standalone: o.standalone,
 		Secured: c.TLSCertFile != "" || c.TokenFile != "", ShmAllow: c.ShmAllow, Files: map[string]string{},
+		DrainOnStop: c.DrainOnStop, DrainBudgetSeconds: c.DrainBudget.Seconds(),
 	}
 	for name, path := range map[string]string{"tls_cert": c.TLSCertFile, "tls_key": c.TLSKeyFile, "client_ca": c.ClientCAFile,
 		"token_file": c.TokenFile, "peer_token_file": c.PeerTokenFile, "etcd_ca": o.etcdCA, "etcd_cert": o.etcdCert, "etcd_key": o.etcdKey,

@@ -103,6 +103,8 @@ var settings = []setting{
 	{"transport", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)", func(c *pool.Config, _ *serveOptions) pflag.Value { return textV[transfer.Protocol]{&c.Transport} }},
 	{"transfer-conns", "tcp transport: connections per peer that one transfer is striped over", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.TransferConns) }},
 	{"fetch-timeout", "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.FetchTimeout) }},
+	{"drain-on-stop", "on SIGTERM, drain before stopping: take no new blocks or leases, have peers pull every block only this node holds (leased and hottest first), wait for leases, within --drain-budget; a second SIGTERM stops at once", func(c *pool.Config, _ *serveOptions) pflag.Value { return boolV(&c.DrainOnStop) }},
+	{"drain-budget", "longest a drain (--drain-on-stop or kvpool cluster drain) may take; keep it below the time the supervisor waits for the process to stop", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.DrainBudget) }},
 	{"link-seed-rate", "assumed bandwidth of a link not yet measured, in bytes per second, e.g. 1250MB (default 1250MB, 10 Gbit/s)", func(c *pool.Config, _ *serveOptions) pflag.Value { return sizeV(&c.Links.SeedBytesPerSecond) }},
 	{"default-policy", "eviction policy of tenants without a stored one: lru, lfu, fifo, ttl or prefix-lru", func(c *pool.Config, _ *serveOptions) pflag.Value {
 		return textV[eviction.Kind]{&c.DefaultTenant.Policy}

@@ -3,8 +3,10 @@ package pool
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -147,6 +149,7 @@ func (n *Node) drainNow(budget time.Duration) (DrainReport, error) {
 	}
 	left := only
 	if len(peers) > 0 && len(only) > 0 {
+		n.untilPublished(ctx)
 		left = n.handOff(ctx, only, peers, &rep)
 	} else if len(only) > 0 {
 		rep.Errors = append(rep.Errors, "no live peer to hand blocks to")
@@ -197,6 +200,21 @@ func (n *Node) drainNow(budget time.Duration) (DrainReport, error) {
 		return rep, fmt.Errorf("pool: drain cut short: the node is stopping: %w", err)
 	}
 	return rep, nil
+}
+
+// untilPublished waits, within ctx, until the member has written every
+// location change it queued: the peers can only pull blocks their maps
+// list here.
+func (n *Node) untilPublished(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for n.cluster.member.Pending() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // drainPeer is a live peer a drain may hand blocks to.
@@ -266,7 +284,7 @@ func (n *Node) handOff(ctx context.Context, blocks []store.HeldBlock, peers []dr
 		errSeen  = map[string]bool{}
 	)
 	noteErr := func(msg string) {
-		if !errSeen[msg] && len(rep.Errors) < maxDrainErrors {
+		if msg != "" && !errSeen[msg] && len(rep.Errors) < maxDrainErrors {
 			errSeen[msg] = true
 			rep.Errors = append(rep.Errors, msg)
 		}
@@ -297,23 +315,24 @@ func (n *Node) handOff(ctx context.Context, blocks []store.HeldBlock, peers []dr
 	for _, p := range peers {
 		wg.Go(func() {
 			for c := next(p.id); c != nil; c = next(p.id) {
-				took, msg := n.askToPull(ctx, p, c.blocks)
+				took, unknown, msg := n.askToPull(ctx, p, c.blocks)
+				var failed, later []store.HeldBlock
 				mu.Lock()
-				inFlight--
-				var failed []store.HeldBlock
 				for i, b := range c.blocks {
-					if took[i] {
+					switch {
+					case took[i]:
 						rep.HandedOff++
 						rep.HandedOffBytes += b.Size
 						rep.PeerBlocks[p.id]++
-					} else {
+					case unknown[i]:
+						later = append(later, b)
+					default:
 						failed = append(failed, b)
 					}
 				}
-				if msg != "" {
-					noteErr(msg)
-				}
+				retry := &handOffChunk{blocks: later, tried: maps.Clone(c.tried)}
 				if len(failed) > 0 {
+					noteErr(msg)
 					c.blocks = failed
 					c.tried[p.id] = true
 					if len(c.tried) < len(peers) {
@@ -322,6 +341,21 @@ func (n *Node) handOff(ctx context.Context, blocks []store.HeldBlock, peers []dr
 						left = append(left, failed...)
 					}
 				}
+				if len(later) > 0 {
+					// The peer's map has not heard of these yet (they
+					// were committed moments ago): offer them again
+					// shortly, to any peer.
+					mu.Unlock()
+					wait := time.NewTimer(notPublishedRetry)
+					select {
+					case <-ctx.Done():
+					case <-wait.C:
+					}
+					wait.Stop()
+					mu.Lock()
+					queue = append(queue, retry)
+				}
+				inFlight--
 				cond.Broadcast()
 				mu.Unlock()
 			}
@@ -334,11 +368,16 @@ func (n *Node) handOff(ctx context.Context, blocks []store.HeldBlock, peers []dr
 	return left
 }
 
+// notPublishedRetry is how long a drain waits before it offers again a
+// block a peer's map did not know of yet.
+const notPublishedRetry = 100 * time.Millisecond
+
 // askToPull asks peer to fetch blocks (one tenant and namespace) from
-// this node. took says which blocks the peer now holds; why is a reason
-// some were not taken.
-func (n *Node) askToPull(ctx context.Context, p drainPeer, blocks []store.HeldBlock) (took []bool, why string) {
-	took = make([]bool, len(blocks))
+// this node. took says which blocks the peer now holds, unknown which
+// the peer's map does not list here yet (NotFound); why is a reason the
+// others were not taken.
+func (n *Node) askToPull(ctx context.Context, p drainPeer, blocks []store.HeldBlock) (took, unknown []bool, why string) {
+	took, unknown = make([]bool, len(blocks)), make([]bool, len(blocks))
 	keys := make([][]byte, len(blocks))
 	for i, b := range blocks {
 		keys[i] = b.Key
@@ -346,18 +385,19 @@ func (n *Node) askToPull(ctx context.Context, p drainPeer, blocks []store.HeldBl
 	deadline, _ := ctx.Deadline()
 	conn, _, err := n.fetcher.peers.Get(ctx, p.addr)
 	if err != nil {
-		return took, fmt.Sprintf("reach %s: %v", p.id, err)
+		return took, unknown, fmt.Sprintf("reach %s: %v", p.id, err)
 	}
 	res, err := api.FetchOver(ctx, conn, blocks[0].Tenant, blocks[0].Namespace, keys, time.Until(deadline))
 	n.fetcher.peers.Put(p.addr, conn)
 	if err != nil {
-		return took, fmt.Sprintf("ask %s to pull: %v", p.id, err)
+		return took, unknown, fmt.Sprintf("ask %s to pull: %v", p.id, err)
 	}
 	for i, r := range res {
 		took[i] = r.Err == nil
-		if r.Err != nil && why == "" {
+		unknown[i] = errors.Is(r.Err, api.ErrNotFound)
+		if r.Err != nil && !unknown[i] && why == "" {
 			why = fmt.Sprintf("%s: %v", p.id, r.Err)
 		}
 	}
-	return took, why
+	return took, unknown, why
 }

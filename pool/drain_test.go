@@ -15,9 +15,9 @@ import (
 )
 
 // TestDrainHandsOffWhatOnlyItHolds drains one node of three: every block
-// only it held ends up on a peer, leased ones among them, blocks a peer
-// already held are not copied again, and the node stops and leaves the
-// map.
+// only it held ends up on a peer, leased ones and one put a moment before
+// among them, blocks a peer already held are not copied again, and the
+// node stops and leaves the map.
 func TestDrainHandsOffWhatOnlyItHolds(t *testing.T) {
 	cli := etcdClient(t)
 	var nodes []*Node
@@ -76,12 +76,20 @@ func TestDrainHandsOffWhatOnlyItHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A block put just before the drain, which the peers' maps have not
+	// heard of yet, is handed off too.
+	late := block{"t", "n", "late"}
+	if err := ca.Put(ctx, api.BlockKey{Tenant: late.tenant, Namespace: late.ns, Key: []byte(late.key)}, value(99, size)); err != nil {
+		t.Fatal(err)
+	}
+	blocks = append(blocks, late)
+
 	rep, err := a.Drain(ctx, 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Blocks != 16 || rep.Bytes != 16*size || rep.Replicated != 2 || rep.HandedOff != 14 || rep.HandedOffBytes != 14*size ||
-		rep.Kept != 0 || rep.LeasedKept != 0 || rep.PeerBlocks["drain-b"]+rep.PeerBlocks["drain-c"] != 14 || len(rep.Errors) != 0 {
+	if rep.Blocks != 17 || rep.Bytes != 17*size || rep.Replicated != 2 || rep.HandedOff != 15 || rep.HandedOffBytes != 15*size ||
+		rep.Kept != 0 || rep.LeasedKept != 0 || rep.PeerBlocks["drain-b"]+rep.PeerBlocks["drain-c"] != 15 || len(rep.Errors) != 0 {
 		t.Fatalf("report %+v", rep)
 	}
 	for _, bl := range blocks {

@@ -477,6 +477,13 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		return CommitResult{}, api.Errorf(api.ErrDataLoss, "store: value checksum %08x, client sent %08x", crc, want)
 	}
 	s.mu.Lock()
+	if !r.promotion && s.draining.Load() {
+		// Checked again where the block would go live: a drain's list of
+		// blocks (Hottest, under mu) has every block committed before it.
+		s.mu.Unlock()
+		s.Abort(r)
+		return CommitResult{}, errDraining("blocks")
+	}
 	if idx, ok := s.mu.idx.lookup(r.ns, r.key); ok {
 		// Blocks are immutable: compare with what is there, outside the
 		// lock, while both stay pinned.

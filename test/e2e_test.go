@@ -101,7 +101,13 @@ func startServe(t *testing.T, extra ...string) *server {
 // that sets limits first, for instance).
 func startServeCmd(t *testing.T, command func(bin string, args ...string) *exec.Cmd, extra ...string) *server {
 	t.Helper()
-	bin := kvpoolBin(t)
+	return startServeBin(t, kvpoolBin(t), command, extra...)
+}
+
+// startServeBin is startServeCmd with the kvpool binary at bin (another
+// version's, for instance).
+func startServeBin(t *testing.T, bin string, command func(bin string, args ...string) *exec.Cmd, extra ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	s := &server{shm: filepath.Join(dir, "shm.sock"), done: make(chan error, 1)}
 	args := []string{"node", "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--node-id", "e2e-" + strings.ReplaceAll(t.Name(), "/", "-"),

@@ -131,6 +131,9 @@ type RestartResult struct {
 	// shutdown), ServingS from the new process's start until it serves.
 	StopS    float64 `json:"sigterm_to_exit_s"`
 	ServingS float64 `json:"start_to_serving_s"`
+	// RejoinedS is from the start until another node sees it registered
+	// and alive in gossip.
+	RejoinedS float64 `json:"start_to_rejoined_s"`
 	// The drain's own report, from the daemon's log.
 	HandedOff  int `json:"handed_off_blocks"`
 	Replicated int `json:"replicated_blocks"`
@@ -750,7 +753,8 @@ func (c *load) rolling(ctx context.Context, rep *Report) error {
 			wg.Wait()
 			return err
 		}
-		rep.Nodes = append(rep.Nodes, RestartResult{Node: d.id, StopS: stopped.Seconds(), ServingS: serving.Seconds(),
+		rejoined := time.Since(t1)
+		rep.Nodes = append(rep.Nodes, RestartResult{Node: d.id, StopS: stopped.Seconds(), ServingS: serving.Seconds(), RejoinedS: rejoined.Seconds(),
 			HandedOff: d.drainedField("handed_off"), Replicated: d.drainedField("replicated"), Kept: d.drainedField("kept"), Errors: d.drainErrors()})
 	}
 	time.Sleep(c.cfg.Settle)

@@ -76,8 +76,8 @@ func run() error {
 		fmt.Printf("  error: %s\n", e)
 	}
 	for _, n := range rep.Nodes {
-		fmt.Printf("  %s: SIGTERM to exit %.2f s (handed off %d, already elsewhere %d, left %d), start to serving %.2f s\n",
-			n.Node, n.StopS, n.HandedOff, n.Replicated, n.Kept, n.ServingS)
+		fmt.Printf("  %s: SIGTERM to exit %.2f s (handed off %d, already elsewhere %d, left %d), start to serving %.2f s, to rejoined %.2f s\n",
+			n.Node, n.StopS, n.HandedOff, n.Replicated, n.Kept, n.ServingS, n.RejoinedS)
 	}
 	return nil
 }

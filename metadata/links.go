@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,16 +151,23 @@ func moved(was, now float64) bool { return math.Abs(now-was) > linkTolerance*mat
 
 // sanitizeLinks returns a sorted copy of links without invalid entries and
 // later duplicates of a peer, and how many it dropped.
-func sanitizeLinks(links []LinkRecord) ([]LinkRecord, int) {
+func sanitizeLinks(links []LinkRecord) ([]LinkRecord, int, error) {
 	out := make([]LinkRecord, 0, len(links))
+	var first error
 	for _, l := range links {
-		if l.validate() == nil {
+		if err := l.validate(); err != nil {
+			first = cmp.Or(first, err)
+		} else {
 			out = append(out, l)
 		}
 	}
 	slices.SortStableFunc(out, func(a, b LinkRecord) int { return strings.Compare(a.Peer, b.Peer) })
+	n := len(out)
 	out = slices.CompactFunc(out, func(a, b LinkRecord) bool { return a.Peer == b.Peer })
-	return out, len(links) - len(out)
+	if first == nil && len(out) < n {
+		first = errors.New("a peer named twice")
+	}
+	return out, len(links) - len(out), first
 }
 
 // findLink returns the link to peer in links, sorted by peer.
@@ -177,9 +185,9 @@ func (m *Member) pollLinks() []LinkRecord {
 	if m.cfg.Links == nil {
 		return nil
 	}
-	links, dropped := sanitizeLinks(m.cfg.Links())
+	links, dropped, why := sanitizeLinks(m.cfg.Links())
 	if dropped != m.links.dropped && dropped > 0 {
-		m.log.Warn("dropping invalid or repeated links", "dropped", dropped)
+		m.log.Warn("dropping invalid or repeated links", "dropped", dropped, "first", why)
 	}
 	m.links.dropped = dropped
 	return links

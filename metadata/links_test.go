@@ -99,7 +99,7 @@ func TestSanitizeLinks(t *testing.T) {
 		{Peer: "node-d", BytesPerSecond: math.NaN()},
 		{Peer: "node-b", BytesPerSecond: 9},
 	}
-	got, dropped := sanitizeLinks(in)
+	got, dropped, _ := sanitizeLinks(in)
 	want := []LinkRecord{{Peer: "node-b", BytesPerSecond: 2}, {Peer: "node-c", BytesPerSecond: 3}}
 	if dropped != 3 || !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v, dropped %d; want %+v, dropped 3", got, dropped, want)

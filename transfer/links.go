@@ -185,14 +185,23 @@ func (f *fetchFit) solve(rtt, bw float64) fitTerms {
 	return f.solvedTheta
 }
 
-// solveFree fits the terms, holding at 0 each that would go negative.
+// bytesTerm is the fit's per-byte term: the inverse of the rate whole
+// fetches move bytes at.
+const bytesTerm = 3
+
+// solveFree fits the terms, holding each that would go negative at 0,
+// but the per-byte term at its prior (the link's measured bandwidth): a
+// fetch costs time per byte, and 0 would be an infinite rate (fetches
+// of equal blocks, whose bytes follow their block count, can fit any
+// split between the two).
 func (f *fetchFit) solveFree(rtt float64, prior fitTerms) fitTerms {
 	var free [len(fitTerms{})]bool
 	for i := range free {
 		free[i] = true
 	}
+	var hold fitTerms
 	for {
-		theta := f.fit(rtt, prior, free)
+		theta := f.fit(rtt, prior, free, hold)
 		worst := -1
 		for i, v := range theta {
 			if free[i] && v < 0 && (worst < 0 || v < theta[worst]) {
@@ -202,14 +211,17 @@ func (f *fetchFit) solveFree(rtt float64, prior fitTerms) fitTerms {
 		if worst < 0 {
 			return theta
 		}
-		free[worst] = false // held at 0, then refit
+		free[worst] = false // held, then refit
+		if worst == bytesTerm {
+			hold[bytesTerm] = prior[bytesTerm]
+		}
 	}
 }
 
 // fit solves the weighted, regularized normal equations for the free
-// terms, the others held at 0. Terms are scaled by fitScale so the
-// regularization weighs each alike.
-func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool) fitTerms {
+// terms, the others held at their values in hold. Terms are scaled by
+// fitScale so the regularization weighs each alike.
+func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool, hold fitTerms) fitTerms {
 	const terms = len(fitTerms{})
 	// Errors count relative to each fetch's duration, so short fetches
 	// weigh as much as long ones; the prior's, relative to the duration
@@ -239,10 +251,17 @@ func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool) 
 	}
 	for i := range terms {
 		if !free[i] {
+			// The held term's share of each fetch moves to the right.
+			v := hold[i] * fitScale[i]
+			for j := range terms {
+				if j != i {
+					r[j] -= m[j][i] * v
+				}
+			}
 			for j := range terms {
 				m[i][j], m[j][i] = 0, 0
 			}
-			m[i][i], r[i] = 1, 0
+			m[i][i], r[i] = 1, v
 		}
 	}
 	z := solveLinear(m, r)

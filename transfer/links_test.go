@@ -230,3 +230,37 @@ func TestLinksFitACostPerDoubling(t *testing.T) {
 		t.Errorf("an hour idle: per doubling %v, want about 0", e.PerDoubling)
 	}
 }
+
+// TestLinksFetchRateStaysFinite: fetches whose time does not grow with
+// their bytes (a fixed cost swamping a fast link, as 64 KiB blocks on
+// loopback) would fit a per-byte cost below 0; it is held at the link's
+// bandwidth instead, so the fetch rate stays finite and the estimate can
+// be published (an infinite one made every node drop the link from its
+// record).
+func TestLinksFetchRateStaysFinite(t *testing.T) {
+	const bw, rtt, size = 4e9, 50 * time.Microsecond, 64 << 10
+	t0 := time.Unix(1000, 0)
+	l := NewLinks(LinkConfig{Seeds: map[string]Seed{"a": {BytesPerSecond: bw, RTT: rtt}}})
+	for i := range 64 {
+		blocks := []int{1, 4, 16, 64}[i%4]
+		// Longer chains a little faster in all: the noise of a busy host.
+		d := rtt + 2*time.Millisecond - time.Duration(blocks)*10*time.Microsecond
+		l.ObserveFetch("a", blocks, int64(blocks)*size, d, t0)
+	}
+	e := l.Estimate("a", t0)
+	if math.IsInf(e.FetchBytesPerSecond, 0) || math.IsNaN(e.FetchBytesPerSecond) || e.FetchBytesPerSecond <= 0 {
+		t.Fatalf("fetch rate %v", e.FetchBytesPerSecond)
+	}
+	if got := e.FetchBytesPerSecond; math.Abs(got-bw) > 0.01*bw {
+		t.Errorf("fetch rate %.4g B/s, want the link's %.4g (held)", got, bw)
+	}
+	for _, v := range []time.Duration{e.Fixed, e.PerBlock, e.PerDoubling} {
+		if v < 0 {
+			t.Errorf("a negative term: fixed %v, per block %v, per doubling %v", e.Fixed, e.PerBlock, e.PerDoubling)
+		}
+	}
+	// What a plan would take from it: about the 2 ms each fetch took.
+	if got := e.FetchTime(16*size, 16); got < time.Millisecond || got > 3*time.Millisecond {
+		t.Errorf("16 blocks predicted in %v", got)
+	}
+}

@@ -69,6 +69,10 @@ var Graph = map[string]Rules{
 	"test/cluster":        {},
 	"test/redisbench":     {},
 	"test/restartbench":   {},
+	// The drain and rolling-restart harness runs daemons as processes and
+	// speaks to them as a client: no node of its own.
+	"test/rolling":      {Forbidden: own("pool", "pool/...", "metadata/...", "cmd/...")},
+	"test/rollingbench": {Forbidden: own("pool", "pool/...", "metadata/...", "cmd/...")},
 }
 
 const etcdServer = "go.etcd.io/etcd/server/v3/..."

@@ -194,8 +194,8 @@ func (n *Node) drainNow(budget time.Duration) (DrainReport, error) {
 		level = slog.LevelWarn // blocks leave with the node
 	}
 	n.log.Log(context.Background(), level, "drained", "blocks", rep.Blocks, "bytes", rep.Bytes, "replicated", rep.Replicated, "handed_off", rep.HandedOff,
-		"handed_off_bytes", rep.HandedOffBytes, "kept", rep.Kept, "leased_kept", rep.LeasedKept, "hand_off", rep.HandOff,
-		"lease_wait", rep.LeaseWait, "took", rep.Took, "errors", rep.Errors)
+		"handed_off_bytes", rep.HandedOffBytes, "kept", rep.Kept, "leased_kept", rep.LeasedKept, "hand_off", rep.HandOff.String(),
+		"lease_wait", rep.LeaseWait.String(), "took", rep.Took.String(), "errors", rep.Errors)
 	if err := n.serving.Err(); err != nil {
 		return rep, fmt.Errorf("pool: drain cut short: the node is stopping: %w", err)
 	}

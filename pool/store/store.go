@@ -460,11 +460,6 @@ func (s *Store) Commit(r *Reservation, crc uint32, haveCRC bool, want uint32, ha
 		s.mu.Unlock()
 		return CommitResult{}, api.Errorf(api.ErrFailedPrecondition, "store: reservation %d expired or already ended", r.handle)
 	}
-	if !r.promotion && s.draining.Load() {
-		s.mu.Unlock()
-		s.Abort(r)
-		return CommitResult{}, errDraining("blocks")
-	}
 	// From here on the sweeper leaves r alone and nobody else commits it.
 	r.committing = true
 	s.mu.Unlock()

@@ -321,9 +321,11 @@ its return.
 
 --server names any daemon; the node's address comes from that daemon's view
 of the cluster. The command waits for the drain and prints what it did.
-Under a supervisor that restarts the daemon (a DaemonSet, systemd's
-Restart=), the node comes back empty and serving: drain it before taking the
-machine down, or run the daemon with --drain-on-stop.`,
+The drained daemon then exits 0. A supervisor that restarts it on any exit
+(a DaemonSet) starts it again, serving: with its blocks when it has a
+--data-dir, else empty. To take a machine away, keep it from being
+restarted (cordon the node), or let --drain-on-stop drain the daemon on the
+supervisor's SIGTERM.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if node == "" {

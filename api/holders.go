@@ -42,9 +42,9 @@ func PullFromHolders[H any](ctx context.Context, holders [][]H, errs []error, ke
 		wanted = wanted[:0]
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, k := range order {
+		for g, k := range order {
 			items := groups[k]
-			wg.Go(func() {
+			pullGroup := func() {
 				got := pull(ctx, holders[items[0]][tried[items[0]]], items)
 				mu.Lock()
 				defer mu.Unlock()
@@ -55,7 +55,15 @@ func PullFromHolders[H any](ctx context.Context, holders [][]H, errs []error, ke
 						wanted = append(wanted, i)
 					}
 				}
-			})
+			}
+			// The last group is pulled by the caller: a chain that one
+			// holder serves, the common case, starts no goroutine and
+			// wakes nobody when it is done.
+			if g == len(order)-1 {
+				pullGroup()
+			} else {
+				wg.Go(pullGroup)
+			}
 		}
 		wg.Wait()
 	}

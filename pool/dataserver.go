@@ -630,24 +630,35 @@ func (d *dataConn) fetchChain() error {
 	// Pulling from peers takes as long as it takes (the fetch's timeout
 	// bounds it), not the connection's I/O deadline.
 	d.c.SetDeadline(time.Time{})
-	res, err := d.s.fetch.Fetch(d.ctx, string(r.Tenant), string(r.Namespace), keys, time.Duration(r.TimeoutMs)*time.Millisecond)
-	d.s.metrics.dataOp(wire.OpFetch, api.Code(err))
-	d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
+	// The client gets its answer once the blocks are committed, before
+	// the fetch's bookkeeping (pin releases, link fits).
+	var werr error
+	answered := false
+	_, err = d.s.fetch.Fetch(d.ctx, string(r.Tenant), string(r.Namespace), keys, time.Duration(r.TimeoutMs)*time.Millisecond, func(res []api.FetchResult) {
+		answered = true
+		d.s.metrics.dataOp(wire.OpFetch, codes.OK)
+		out := make([]wire.FetchResult, len(res))
+		for i, fr := range res {
+			out[i] = wire.FetchResult{Status: uint8(api.Code(fr.Err)), Source: fr.Source, Size: uint64(max(fr.Size, 0)), Took: fr.Took}
+			if fr.Err != nil {
+				out[i].Message = fr.Err.Error()
+			}
+		}
+		body := wire.AppendFetchResults(nil, out)
+		d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: uint64(len(body))})
+		bufs := net.Buffers{d.hdr, body}
+		d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
+		_, werr = bufs.WriteTo(d.c)
+	})
 	if err != nil {
+		d.s.metrics.dataOp(wire.OpFetch, api.Code(err))
+		d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
 		return d.respondErr(err)
 	}
-	out := make([]wire.FetchResult, len(res))
-	for i, fr := range res {
-		out[i] = wire.FetchResult{Status: uint8(api.Code(fr.Err)), Source: fr.Source, Size: uint64(max(fr.Size, 0)), Took: fr.Took}
-		if fr.Err != nil {
-			out[i].Message = fr.Err.Error()
-		}
+	if !answered {
+		return fmt.Errorf("pool: fetch returned results it never answered with")
 	}
-	body := wire.AppendFetchResults(nil, out)
-	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: uint64(len(body))})
-	bufs := net.Buffers{d.hdr, body}
-	_, err = bufs.WriteTo(d.c)
-	return err
+	return werr
 }
 
 // benchFrame refuses a source or sink frame the node does not serve: all

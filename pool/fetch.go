@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,7 +100,13 @@ func newPeerPool(tlsFor func(addr string) *tls.Config, token string) *wire.Pool 
 // or sends bytes that fail their checksum is replaced by the next holder
 // (api.PullFromHolders, the loop GetDirect uses too).
 // Errors per key: ErrNotFound (no holder), ErrUnavailable, ErrDataLoss.
-func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]api.FetchResult, error) {
+//
+// answer, when not nil, is called with the results the moment they are
+// final (every block committed here or failed), before the bookkeeping
+// that follows: the holders' pins released, the chain's order told to the
+// policies, the links' fits. A caller that writes its response in answer
+// spares its client that wait. Fetch returns the same results after.
+func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration, answer func([]api.FetchResult)) ([]api.FetchResult, error) {
 	if err := api.ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
@@ -118,9 +125,6 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 			exists[i] = exists[i] && err == nil
 		}
 	}
-	// The keys come as a chain: Locate, once the blocks are here, tells
-	// prefix-aware policies who follows whom.
-	defer f.store.Locate([]byte(tenant), []byte(namespace), keys)
 	out := make([]api.FetchResult, len(keys))
 	errs := make([]error, len(keys))
 	holders := make([][]metadata.NodeRecord, len(keys))
@@ -136,13 +140,32 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 			}
 		}
 	}
+	var (
+		mu    sync.Mutex
+		after []func() // each holder's bookkeeping, run once out is answered
+	)
 	api.PullFromHolders(ctx, holders, errs, func(h metadata.NodeRecord) string { return h.ID },
 		func(ctx context.Context, h metadata.NodeRecord, items []int) []error {
-			return f.pullFrom(ctx, h, tenant, namespace, keys, items, timeout, begin, out)
+			errs, done := f.pullFrom(ctx, h, tenant, namespace, keys, items, timeout, begin, out)
+			if done != nil {
+				mu.Lock()
+				after = append(after, done)
+				mu.Unlock()
+			}
+			return errs
 		})
 	for i := range out {
 		out[i].Err = errs[i]
 	}
+	if answer != nil {
+		answer(out)
+	}
+	for _, done := range after {
+		done()
+	}
+	// The keys come as a chain: Locate, once the blocks are here, tells
+	// prefix-aware policies who follows whom.
+	f.store.Locate([]byte(tenant), []byte(namespace), keys)
 	return out, nil
 }
 
@@ -171,10 +194,13 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 }
 
 // pullFrom fetches keys[items...] from one holder, recording each result
-// in out and returning each item's error.
+// in out and returning each item's error, and the bookkeeping that is left
+// once the results are final (nil: none): the pins' release, the
+// connection's return to the pool, the link's observations. The caller
+// runs it, once, after it has answered.
 // begin is when the Fetch began: the link's fit of a fetch's fixed cost
 // counts what came before the pull too.
-func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) []error {
+func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func()) {
 	errs := make([]error, len(items))
 	failed := func(reason string) { f.fetchFailures.WithLabelValues(reason).Inc() }
 	fail := func(err error) []error {
@@ -191,17 +217,27 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	start := time.Now()
 	pc, _, err := f.peers.Get(ctx, addr)
 	if err != nil {
-		return fail(api.Errorf(api.ErrUnavailable, "pool: reach %s at %s: %v", holder.ID, addr, err))
+		return fail(api.Errorf(api.ErrUnavailable, "pool: reach %s at %s: %v", holder.ID, addr, err)), nil
 	}
-	defer f.peers.Put(addr, pc)
 	// Pin every block on the holder: one pipelined round trip. The
 	// connection's session owns the pins, so they also end if it drops.
 	pins, err := pinOn(ctx, pc, tenant, namespace, keys, items)
 	if err != nil {
-		return fail(api.Errorf(api.ErrUnavailable, "pool: pin on %s: %v", holder.ID, err))
+		f.peers.Put(addr, pc)
+		return fail(api.Errorf(api.ErrUnavailable, "pool: pin on %s: %v", holder.ID, err)), nil
 	}
-	f.links.Observe(holder.ID, 0, time.Since(start), f.now())
-	defer releaseOn(pc, pins)
+	pinned := time.Since(start)
+	var observe func()
+	after = func() {
+		// The bytes are here or given up on: the holder may let go of
+		// them, and the connection serve the next pull.
+		releaseOn(pc, pins)
+		f.peers.Put(addr, pc)
+		f.links.Observe(holder.ID, 0, pinned, f.now())
+		if observe != nil {
+			observe()
+		}
+	}
 	// Reserve local space and read the bytes into it.
 	ops := make([]transfer.Op, 0, len(items))
 	res := make([]*store.Reservation, len(items))
@@ -265,22 +301,24 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	// cost model plans fetches with it).
 	if werr == nil || batch.Bytes() > 0 {
 		end := time.Now()
-		first, firstBytes := batch.FirstResponse()
-		f.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
-		if werr == nil {
-			// The whole fetch, from the call to the commits, fits the
-			// link's fixed and per-block costs.
-			f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin), end)
-		}
 		for _, i := range items {
 			if out[i].Source == holder.ID {
 				out[i].Took = end.Sub(begin)
 			}
 		}
-		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
-			"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))
+		observe = func() {
+			first, firstBytes := batch.FirstResponse()
+			f.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
+			if werr == nil {
+				// The whole fetch, from the call to the commits, fits the
+				// link's fixed and per-block costs.
+				f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin), end)
+			}
+			f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
+				"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))
+		}
 	}
-	return errs
+	return errs, after
 }
 
 // Reasons of kvpool_transfer_fetch_failures_total.

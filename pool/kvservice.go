@@ -65,7 +65,9 @@ type kvStore interface {
 // chainFetcher makes blocks local by pulling them from peers, and says
 // where blocks are. The node's fetcher implements it.
 type chainFetcher interface {
-	Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]api.FetchResult, error)
+	// Fetch calls answer, when not nil, with the results as soon as they
+	// are final, and returns them after its bookkeeping.
+	Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration, answer func([]api.FetchResult)) ([]api.FetchResult, error)
 	Route(tenant, namespace string, keys [][]byte) ([][]api.Holder, error)
 }
 
@@ -430,7 +432,7 @@ func (s *kvService) ReportLoad(_ context.Context, req *kvpoolv1.ReportLoadReques
 }
 
 func (s *kvService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*kvpoolv1.FetchResponse, error) {
-	res, err := s.fetch.Fetch(ctx, req.GetTenant(), req.GetNamespace(), req.GetKeys(), time.Duration(req.GetTimeoutMs())*time.Millisecond)
+	res, err := s.fetch.Fetch(ctx, req.GetTenant(), req.GetNamespace(), req.GetKeys(), time.Duration(req.GetTimeoutMs())*time.Millisecond, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -255,13 +255,21 @@ func (p *tcpPeer) next() *tcpConn {
 }
 
 // tcpConn is one connection: a writer goroutine sends requests, a reader
-// goroutine matches the responses to them, in order.
+// goroutine matches the responses to them, in order. A batch of reads
+// submitted while the connection is connected and idle is written by the
+// submitting goroutine itself, which spares the writer's wake-up.
 type tcpConn struct {
 	t    *TCP
 	addr string
 
-	mu    sync.Mutex
-	queue []*slice // to send
+	mu      sync.Mutex
+	queue   []*slice // to send
+	writing bool     // someone (the writer or a submitter) is sending: the only one who may
+	hdrs    []byte   // request headers being gathered; the sender's
+	// direct counts submitters sending on their own; drain waits for
+	// them, so no slice enters sent after drain has emptied it. One only
+	// starts while the connection is not broken, under mu.
+	direct sync.WaitGroup
 
 	wake    chan struct{} // the writer has work
 	sent    chan *slice   // sent and awaiting a response, in order
@@ -304,12 +312,52 @@ func (c *tcpConn) enqueue(s []*slice) {
 		}
 		return
 	}
-	c.queue = append(c.queue, s...)
+	if nc := c.connected(); nc != nil && !c.writing && len(c.queue) == 0 && allReads(s) {
+		// Read requests are a few bytes each: write them here rather
+		// than wake the writer for them.
+		c.writing = true
+		c.direct.Add(1)
+		c.mu.Unlock()
+		c.send(nc, s)
+		c.direct.Done()
+		c.mu.Lock()
+		c.writing = false
+		if len(c.queue) == 0 {
+			c.mu.Unlock()
+			return
+		}
+	} else {
+		c.queue = append(c.queue, s...)
+	}
 	c.mu.Unlock()
+	c.wakeWriter()
+}
+
+func (c *tcpConn) wakeWriter() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// connected returns the connection once it is dialed, nil before (or
+// when the dial failed).
+func (c *tcpConn) connected() net.Conn {
+	select {
+	case <-c.ready:
+		return c.c
+	default:
+		return nil
+	}
+}
+
+func allReads(s []*slice) bool {
+	for _, x := range s {
+		if x.kind != Read {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *tcpConn) error() error {
@@ -369,8 +417,10 @@ func (c *tcpConn) run() {
 	c.drain()
 }
 
-// drain fails whatever is still queued or awaiting a response.
+// drain fails whatever is still queued or awaiting a response. It runs
+// once the connection is broken.
 func (c *tcpConn) drain() {
+	c.direct.Wait()
 	err := c.error()
 	c.mu.Lock()
 	q := c.queue
@@ -389,14 +439,15 @@ func (c *tcpConn) drain() {
 	}
 }
 
+// writeLoop sends what is queued, whenever no submitter is sending.
 func (c *tcpConn) writeLoop(nc net.Conn) {
-	// Read requests are 24 bytes each: they are gathered and written with
-	// one syscall; a write request goes out with its bytes in one writev.
-	var hdrs []byte
 	for {
 		c.mu.Lock()
-		q := c.queue
-		c.queue = nil
+		var q []*slice
+		if !c.writing {
+			q, c.queue = c.queue, nil
+			c.writing = len(q) > 0
+		}
 		c.mu.Unlock()
 		if len(q) == 0 {
 			select {
@@ -406,51 +457,68 @@ func (c *tcpConn) writeLoop(nc net.Conn) {
 				continue
 			}
 		}
-		hdrs = hdrs[:0]
-		flush := func(bufs net.Buffers) error {
-			if len(hdrs) > 0 {
-				bufs = append(net.Buffers{hdrs}, bufs...)
-			}
-			hdrs = hdrs[:0]
-			if len(bufs) == 0 {
-				return nil
-			}
-			_, err := bufs.WriteTo(nc)
-			return err
-		}
-		for i, s := range q {
-			select {
-			case c.sent <- s:
-			case <-c.closing:
-				for _, rest := range q[i:] {
-					rest.finish(c.error())
-				}
-				return
-			}
-			var hdr [tcpReqBytes]byte
-			hdr[0] = byte(s.kind)
-			binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
-			binary.LittleEndian.PutUint64(hdr[8:], s.offset)
-			binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
-			hdrs = append(hdrs, hdr[:]...)
-			var err error
-			switch {
-			case s.kind == Write:
-				err = flush(net.Buffers{s.local})
-			case i == len(q)-1 || len(hdrs) >= 64*tcpReqBytes:
-				err = flush(nil)
-			}
-			if err != nil {
-				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
-				// Slices up to s are in sent: drain fails them. The rest
-				// were never sent.
-				for _, rest := range q[i+1:] {
-					rest.finish(c.error())
-				}
-				return
-			}
+		ok := c.send(nc, q)
+		c.mu.Lock()
+		c.writing = false
+		c.mu.Unlock()
+		if !ok {
+			return
 		}
 	}
+}
+
+// send writes q's requests on nc, in order, each slice entering c.sent
+// before its request leaves. Read requests are 24 bytes each: they are
+// gathered and written with one syscall; a write request goes out with
+// its bytes in one writev. Only the holder of c.writing calls it. False
+// means the connection broke: every slice of q has been failed, or will
+// be by drain.
+func (c *tcpConn) send(nc net.Conn, q []*slice) bool {
+	c.hdrs = c.hdrs[:0]
+	flush := func(bufs net.Buffers) error {
+		if len(c.hdrs) > 0 {
+			bufs = append(net.Buffers{c.hdrs}, bufs...)
+		}
+		c.hdrs = c.hdrs[:0]
+		if len(bufs) == 0 {
+			return nil
+		}
+		_, err := bufs.WriteTo(nc)
+		return err
+	}
+	for i, s := range q {
+		select {
+		case c.sent <- s:
+		case <-c.closing:
+			for _, rest := range q[i:] {
+				rest.finish(c.error())
+			}
+			return false
+		}
+		var hdr [tcpReqBytes]byte
+		hdr[0] = byte(s.kind)
+		binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
+		binary.LittleEndian.PutUint64(hdr[8:], s.offset)
+		binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
+		c.hdrs = append(c.hdrs, hdr[:]...)
+		var err error
+		switch {
+		case s.kind == Write:
+			err = flush(net.Buffers{s.local})
+		case i == len(q)-1 || len(c.hdrs) >= 64*tcpReqBytes:
+			err = flush(nil)
+		}
+		if err != nil {
+			c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
+			// Slices up to s are in sent: drain fails them. The rest
+			// were never sent.
+			for _, rest := range q[i+1:] {
+				rest.finish(c.error())
+			}
+			return false
+		}
+	}
+	return true
 }
 
 func (c *tcpConn) readLoop(nc net.Conn) {

@@ -552,6 +552,9 @@ func TestBenchSmoke(t *testing.T) {
 		{"--op", "get", "--clients", "2", "--block-size", "256KiB"},
 		{"--op", "put", "--clients", "1", "--block-size", "1MiB"},
 		{"--op", "get", "--path", "shm", "--block-size", "1MiB"},
+		// Fetches between two nodes: the streaming baseline and the
+		// request/response floor.
+		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB"},
 	} {
 		r := mustOK(t, kv(t, nil, append([]string{"node", "bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
 		var res map[string]any
@@ -563,6 +566,11 @@ func TestBenchSmoke(t *testing.T) {
 		}
 		if res["gbps"].(float64) <= 0 || res["baseline_gbps"].(float64) <= 0 {
 			t.Errorf("bench %v measured nothing: %s", args, r.stdout)
+		}
+		if args[0] == "--remote" {
+			if floor, _ := res["floor_gbps"].(float64); floor <= 0 || res["ratio_to_floor"] == nil || !strings.Contains(fmt.Sprint(res["floor"]), "request/response, 2 connections") {
+				t.Errorf("bench %v measured no request/response floor: %s", args, r.stdout)
+			}
 		}
 		if !strings.Contains(r.stderr, "100%") {
 			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)

@@ -149,7 +149,11 @@ soak) so /proc is read for it; with --server give --metrics and --pid.
 With --remote, bench starts an embedded etcd and two nodes, stores blocks on
 one, and measures the other fetching them in chains (pin on the holder,
 one-sided reads into its arena, checksum, commit as a replica) against raw TCP
-with as many connections as the transport uses.
+with as many connections as the transport uses. With the tcp transport it also
+measures a floor: the same raw connections asked for one chain's bytes at a
+time, each chain read in full before the next is asked for, which is what a
+fetch costing nothing of its own would reach (the streaming baseline never
+waits on a round trip; one fetcher fetching chain after chain always does).
 
 Half of the baseline runs before the measured phase and half after, so drift
 on a noisy machine hits both. Without --server, bench starts a node in this
@@ -247,8 +251,16 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				fmt.Fprintf(e.stdout, "  baseline    %.2f GB/s  %s\n", res.BaselineGBps, res.Baseline)
 				fmt.Fprintf(e.stdout, "  ratio       %.3f\n", res.RatioToBaseline)
 			}
+			if res.Floor != "" {
+				fmt.Fprintf(e.stdout, "  floor       %.2f GB/s  %s\n", res.FloorGBps, res.Floor)
+				fmt.Fprintf(e.stdout, "  of floor    %.3f\n", res.RatioToFloor)
+			}
 			for i, r := range res.Rounds {
-				fmt.Fprintf(e.stdout, "  round %d     %.2f GB/s, baseline %.2f GB/s, ratio %.3f\n", i+1, r.GBps, r.BaselineGBps, r.RatioToBaseline)
+				fmt.Fprintf(e.stdout, "  round %d     %.2f GB/s, baseline %.2f GB/s, ratio %.3f", i+1, r.GBps, r.BaselineGBps, r.RatioToBaseline)
+				if r.FloorGBps > 0 {
+					fmt.Fprintf(e.stdout, "; floor %.2f GB/s, of floor %.3f", r.FloorGBps, r.RatioToFloor)
+				}
+				fmt.Fprintln(e.stdout)
 			}
 			return nil
 		},

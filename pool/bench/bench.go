@@ -87,6 +87,15 @@ type Result struct {
 	BaselineGBps    float64 `json:"baseline_gbps"`
 	RatioToBaseline float64 `json:"ratio_to_baseline"`
 	Server          string  `json:"server"`
+	// Floor, for fetches, is a second reference measured in the same
+	// rounds: raw TCP over the same connections, asked for one chain's
+	// bytes at a time, each chain read in full before the next is asked
+	// for. It is what a zero-cost serial fetch would do; the streaming
+	// baseline keeps every connection full and never waits on a round
+	// trip, which no fetch of one chain after another can.
+	Floor        string  `json:"floor,omitempty"`
+	FloorGBps    float64 `json:"floor_gbps,omitempty"`
+	RatioToFloor float64 `json:"ratio_to_floor,omitempty"`
 	// Rounds holds each round's own figures when there is more than one.
 	Rounds []Round `json:"rounds,omitempty"`
 }
@@ -96,6 +105,8 @@ type Round struct {
 	GBps            float64 `json:"gbps"`
 	BaselineGBps    float64 `json:"baseline_gbps"`
 	RatioToBaseline float64 `json:"ratio_to_baseline"`
+	FloorGBps       float64 `json:"floor_gbps,omitempty"`
+	RatioToFloor    float64 `json:"ratio_to_floor,omitempty"`
 }
 
 func (c *Config) fill() error {
@@ -181,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer base.close()
 		res.Baseline = base.name()
 	}
-	if err := runRounds(ctx, cfg, base, res, func(r int) (measurement, error) {
+	if err := runRounds(ctx, cfg, base, nil, res, func(r int) (measurement, error) {
 		return measure(ctx, cfg, clients, keys, r)
 	}); err != nil {
 		return nil, err
@@ -194,18 +205,38 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-// runRounds runs cfg.Rounds rounds of half the baseline, one measurement
-// and the other half, so drift hits both, and fills res with the totals,
-// the ratio and (with more than one round) each round's figures.
-func runRounds(ctx context.Context, cfg Config, base baseline, res *Result, measureRound func(r int) (measurement, error)) error {
+// runRounds runs cfg.Rounds rounds of half the baseline (and half the
+// floor, when there is one), one measurement and the other halves, so
+// drift hits all of them, and fills res with the totals, the ratios and
+// (with more than one round) each round's figures.
+func runRounds(ctx context.Context, cfg Config, base, floor baseline, res *Result, measureRound func(r int) (measurement, error)) error {
+	var refs []baseline
+	for _, b := range []baseline{base, floor} {
+		if b != nil {
+			refs = append(refs, b)
+		}
+	}
+	runHalf := func(d time.Duration) error {
+		for _, b := range refs {
+			if err := b.run(ctx, d, cfg.Progress); err != nil {
+				return fmt.Errorf("%s: %w", b.name(), err)
+			}
+		}
+		return nil
+	}
+	// rate is what b moved since before.
+	rate := func(b baseline, before meter) float64 {
+		after := b.totals()
+		return (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
+	}
 	var total measurement
 	for r := range cfg.Rounds {
-		var before meter
-		if base != nil {
-			before = *base.totals()
-			if err := base.run(ctx, cfg.Duration/2, cfg.Progress); err != nil {
-				return fmt.Errorf("baseline: %w", err)
-			}
+		before := make([]meter, len(refs))
+		for i, b := range refs {
+			before[i] = *b.totals()
+		}
+		if err := runHalf(cfg.Duration / 2); err != nil {
+			return err
 		}
 		m, err := measureRound(r)
 		if err != nil {
@@ -213,15 +244,16 @@ func runRounds(ctx context.Context, cfg Config, base baseline, res *Result, meas
 		}
 		total.add(m)
 		round := Round{GBps: m.gbps()}
+		if err := runHalf(cfg.Duration - cfg.Duration/2); err != nil {
+			return err
+		}
 		if base != nil {
-			if err := base.run(ctx, cfg.Duration-cfg.Duration/2, cfg.Progress); err != nil {
-				return fmt.Errorf("baseline: %w", err)
-			}
-			after := base.totals()
-			round.BaselineGBps = (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
-			if round.BaselineGBps > 0 {
-				round.RatioToBaseline = round.GBps / round.BaselineGBps
-			}
+			round.BaselineGBps = rate(base, before[0])
+			round.RatioToBaseline = ratio(round.GBps, round.BaselineGBps)
+		}
+		if floor != nil {
+			round.FloorGBps = rate(floor, before[len(refs)-1])
+			round.RatioToFloor = ratio(round.GBps, round.FloorGBps)
 		}
 		if cfg.Rounds > 1 {
 			res.Rounds = append(res.Rounds, round)
@@ -230,11 +262,22 @@ func runRounds(ctx context.Context, cfg Config, base baseline, res *Result, meas
 	total.fill(res)
 	if base != nil {
 		res.BaselineGBps = base.totals().gbps()
-		if res.BaselineGBps > 0 {
-			res.RatioToBaseline = res.GBps / res.BaselineGBps
-		}
+		res.RatioToBaseline = ratio(res.GBps, res.BaselineGBps)
+	}
+	if floor != nil {
+		res.Floor = floor.name()
+		res.FloorGBps = floor.totals().gbps()
+		res.RatioToFloor = ratio(res.GBps, res.FloorGBps)
 	}
 	return nil
+}
+
+// ratio is a/b, 0 when b is.
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
 }
 
 func startNode(cfg Config) (*pool.Node, func(), error) {
@@ -547,14 +590,17 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 			}
 		}()
 		var rerr error
+		// Each connection receives into frames of its own: the clients
+		// take turns around the working set, and none writes where
+		// another does.
+		mine := max(1, frames/b.cfg.Clients)
 		for f := 0; time.Now().Before(deadline); f++ {
 			dst := one
+			off := (i%frames + (f%mine)*b.cfg.Clients) % frames * size
 			switch b.cfg.Op {
 			case "put":
-				off := (f % frames) * size
 				dst = b.src[off : off+size]
 			case "fetch":
-				off := (f % frames) * size
 				dst = b.dst[off : off+size]
 			}
 			// Read in the same pieces the node and client use

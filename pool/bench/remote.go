@@ -2,8 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -121,7 +124,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		defer clients[i].Close()
 	}
 	res := &Result{Op: "fetch", Path: rc.Transport.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: "in-process, 2 nodes"}
-	var base baseline
+	var base, floor baseline
 	if !cfg.NoBaseline {
 		bc := cfg
 		bc.Clients = rc.Conns
@@ -142,11 +145,19 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 			defer tb.close()
 			base = tb
 			res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
+			if rc.Transport == transfer.ProtocolTCP {
+				rt, err := newTCPRoundTrips(bc, rc.ChainBlocks*cfg.BlockBytes, tb.src, tb.dst)
+				if err != nil {
+					return nil, err
+				}
+				defer rt.close()
+				floor = rt
+			}
 		}
 	}
 	chains := len(keys) / rc.ChainBlocks
 	var next atomic.Int64
-	if err := runRounds(ctx, cfg, base, res, func(int) (measurement, error) {
+	if err := runRounds(ctx, cfg, base, floor, res, func(int) (measurement, error) {
 		return measureFetch(ctx, cfg, rc, clients, keys, chains, &next)
 	}); err != nil {
 		return nil, err
@@ -227,4 +238,101 @@ func measureFetch(ctx context.Context, cfg Config, rc RemoteConfig, clients []*a
 		}
 	}
 	return measurement{meter: meter{bytes: total.Load(), elapsed: busy / time.Duration(len(clients))}, lat: slices.Concat(lat...)}, nil
+}
+
+// tcpRoundTrips is the floor of a serial fetch: one fetcher over raw TCP
+// with the transport's connection count, asking for one chain's bytes at
+// a time (a 16-byte request on each connection for its share, as the
+// transport stripes a chain) and reading all of them before it asks for
+// the next chain. No lookup, pin, checksum or commit: what a fetch with
+// no cost of its own would take, round trips and all.
+type tcpRoundTrips struct {
+	conns      int
+	chainBytes int
+	ln         net.Listener
+	src, dst   []byte // the streaming baseline's regions, which it lends
+	meter
+}
+
+func newTCPRoundTrips(cfg Config, chainBytes int, src, dst []byte) (*tcpRoundTrips, error) {
+	if chainBytes > len(src) || chainBytes > len(dst) {
+		return nil, fmt.Errorf("%w: a %d-byte chain is larger than the %d-byte working set", api.ErrInvalidArgument, chainBytes, len(src))
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	return &tcpRoundTrips{conns: cfg.Clients, chainBytes: chainBytes, ln: ln, src: src, dst: dst}, nil
+}
+
+func (b *tcpRoundTrips) name() string {
+	return fmt.Sprintf("raw-tcp request/response, %d connections", b.conns)
+}
+func (b *tcpRoundTrips) close() { b.ln.Close() }
+
+func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) error {
+	return b.timed(p, "floor request/response", d, 1, func(_ int, deadline time.Time, total *atomic.Int64) error {
+		clients := make([]net.Conn, b.conns)
+		var served sync.WaitGroup
+		defer served.Wait()
+		for i := range clients {
+			c, err := net.Dial("tcp", b.ln.Addr().String())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			s, err := b.ln.Accept()
+			if err != nil {
+				return err
+			}
+			clients[i] = c
+			served.Go(func() {
+				defer s.Close()
+				var req [16]byte
+				for {
+					if _, err := io.ReadFull(s, req[:]); err != nil {
+						return
+					}
+					off, n := binary.LittleEndian.Uint64(req[:8]), binary.LittleEndian.Uint64(req[8:])
+					if _, err := s.Write(b.src[off : off+n]); err != nil {
+						return
+					}
+				}
+			})
+		}
+		// The shares: the chain cut in as many contiguous pieces as there
+		// are connections.
+		share := (b.chainBytes + b.conns - 1) / b.conns
+		chains := len(b.src) / b.chainBytes
+		errs := make([]error, b.conns)
+		for ch := 0; time.Now().Before(deadline); ch++ {
+			base := (ch % chains) * b.chainBytes
+			part := func(i int) []byte {
+				lo, hi := min(i*share, b.chainBytes), min((i+1)*share, b.chainBytes)
+				return b.dst[base+lo : base+hi]
+			}
+			for i, c := range clients {
+				var req [16]byte
+				binary.LittleEndian.PutUint64(req[:8], uint64(base+min(i*share, b.chainBytes)))
+				binary.LittleEndian.PutUint64(req[8:], uint64(len(part(i))))
+				if _, err := c.Write(req[:]); err != nil {
+					return err
+				}
+			}
+			// Every connection but the last is read by a goroutine of its
+			// own; the last by this one, which then waits for the others.
+			var wg sync.WaitGroup
+			for i, c := range clients[:len(clients)-1] {
+				wg.Go(func() { errs[i] = readPieces(c, part(i)) })
+			}
+			last := len(clients) - 1
+			errs[last] = readPieces(clients[last], part(last))
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+			total.Add(int64(b.chainBytes))
+		}
+		return nil
+	})
 }

@@ -142,7 +142,7 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	}
 	var (
 		mu    sync.Mutex
-		after []func() // each holder's bookkeeping, run once out is answered
+		after []func(answering time.Duration) // each holder's bookkeeping, run once out is answered
 	)
 	api.PullFromHolders(ctx, holders, errs, func(h metadata.NodeRecord) string { return h.ID },
 		func(ctx context.Context, h metadata.NodeRecord, items []int) []error {
@@ -157,11 +157,16 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	for i := range out {
 		out[i].Err = errs[i]
 	}
+	// What answering took counts in the links' fits: a fetch is over for
+	// its caller when the answer has reached it, and that is what Plan
+	// predicts.
+	final := time.Now()
 	if answer != nil {
 		answer(out)
 	}
+	answering := time.Since(final)
 	for _, done := range after {
-		done()
+		done(answering)
 	}
 	// The keys come as a chain: Locate, once the blocks are here, tells
 	// prefix-aware policies who follows whom.
@@ -197,10 +202,10 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // in out and returning each item's error, and the bookkeeping that is left
 // once the results are final (nil: none): the pins' release, the
 // connection's return to the pool, the link's observations. The caller
-// runs it, once, after it has answered.
+// runs it, once, after it has answered, with the time answering took.
 // begin is when the Fetch began: the link's fit of a fetch's fixed cost
 // counts what came before the pull too.
-func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func()) {
+func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(answering time.Duration)) {
 	errs := make([]error, len(items))
 	failed := func(reason string) { f.fetchFailures.WithLabelValues(reason).Inc() }
 	fail := func(err error) []error {
@@ -227,15 +232,15 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 		return fail(api.Errorf(api.ErrUnavailable, "pool: pin on %s: %v", holder.ID, err)), nil
 	}
 	pinned := time.Since(start)
-	var observe func()
-	after = func() {
+	var observe func(answering time.Duration)
+	after = func(answering time.Duration) {
 		// The bytes are here or given up on: the holder may let go of
 		// them, and the connection serve the next pull.
 		releaseOn(pc, pins)
 		f.peers.Put(addr, pc)
 		f.links.Observe(holder.ID, 0, pinned, f.now())
 		if observe != nil {
-			observe()
+			observe(answering)
 		}
 	}
 	// Reserve local space and read the bytes into it.
@@ -306,13 +311,13 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 				out[i].Took = end.Sub(begin)
 			}
 		}
-		observe = func() {
+		observe = func(answering time.Duration) {
 			first, firstBytes := batch.FirstResponse()
 			f.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
 			if werr == nil {
-				// The whole fetch, from the call to the commits, fits the
-				// link's fixed and per-block costs.
-				f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin), end)
+				// The whole fetch, from the call to the commits and the
+				// answer, fits the link's fixed and per-block costs.
+				f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin)+answering, end)
 			}
 			f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
 				"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))

@@ -125,6 +125,7 @@ type fetchFit struct {
 	solved      bool
 	solvedFor   [2]float64 // rtt, bw
 	solvedTheta fitTerms
+	solvedOnce  bool // solvedTheta holds a fit (the next one's weights)
 }
 
 // fitTerms are the fit's terms, in seconds per unit of fetchShape's:
@@ -180,8 +181,12 @@ func (f *fetchFit) solve(rtt, bw float64) fitTerms {
 	if f.solved && f.solvedFor == [2]float64{rtt, bw} {
 		return f.solvedTheta
 	}
-	f.solved, f.solvedFor = true, [2]float64{rtt, bw}
-	f.solvedTheta = f.solveFree(rtt, prior)
+	last := prior
+	if f.solvedOnce {
+		last = f.solvedTheta
+	}
+	f.solved, f.solvedFor, f.solvedOnce = true, [2]float64{rtt, bw}, true
+	f.solvedTheta = f.solveFree(rtt, prior, last)
 	return f.solvedTheta
 }
 
@@ -194,14 +199,14 @@ const bytesTerm = 3
 // fetch costs time per byte, and 0 would be an infinite rate (fetches
 // of equal blocks, whose bytes follow their block count, can fit any
 // split between the two).
-func (f *fetchFit) solveFree(rtt float64, prior fitTerms) fitTerms {
+func (f *fetchFit) solveFree(rtt float64, prior, last fitTerms) fitTerms {
 	var free [len(fitTerms{})]bool
 	for i := range free {
 		free[i] = true
 	}
 	var hold fitTerms
 	for {
-		theta := f.fit(rtt, prior, free, hold)
+		theta := f.fit(rtt, prior, last, free, hold)
 		worst := -1
 		for i, v := range theta {
 			if free[i] && v < 0 && (worst < 0 || v < theta[worst]) {
@@ -218,10 +223,21 @@ func (f *fetchFit) solveFree(rtt float64, prior fitTerms) fitTerms {
 	}
 }
 
+// huberCut is the relative error up to which a fetch counts fully in the
+// fit; beyond it, a fetch's weight falls as 1/|error|.
+const huberCut = 0.1
+
+func huberWeight(relErr float64) float64 {
+	if a := math.Abs(relErr); a > huberCut {
+		return huberCut / a
+	}
+	return 1
+}
+
 // fit solves the weighted, regularized normal equations for the free
 // terms, the others held at their values in hold. Terms are scaled by
 // fitScale so the regularization weighs each alike.
-func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool, hold fitTerms) fitTerms {
+func (f *fetchFit) fit(rtt float64, prior, last fitTerms, free [len(fitTerms{})]bool, hold fitTerms) fitTerms {
 	const terms = len(fitTerms{})
 	// Errors count relative to each fetch's duration, so short fetches
 	// weigh as much as long ones; the prior's, relative to the duration
@@ -241,7 +257,15 @@ func (f *fetchFit) fit(rtt float64, prior fitTerms, free [len(fitTerms{})]bool, 
 			x[i] /= fitScale[i]
 		}
 		y := o[2] - rtt
-		wk := 1 / max(o[2]*o[2], 1e-12)
+		// Each error counts relative to what the last fit expected of
+		// the fetch, and fetches far from that (a stall, a lucky run)
+		// count less the farther they are (Huber's weights, iterated as
+		// fetches come): the fit follows the typical fetch, not the mean
+		// of a skewed spread. Weighing by what each fetch took instead
+		// trusted the fast ones most and predicted short chains 10-15 %
+		// fast.
+		expect := max(rtt+last.predict(o[0], o[1]), 1e-9)
+		wk := huberWeight((o[2]-expect)/expect) / (expect * expect)
 		for i := range terms {
 			for j := range terms {
 				m[i][j] += wk * x[i] * x[j]

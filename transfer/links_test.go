@@ -233,8 +233,8 @@ func TestLinksFitACostPerDoubling(t *testing.T) {
 
 // TestLinksFetchRateStaysFinite: fetches whose time does not grow with
 // their bytes (a fixed cost swamping a fast link, as 64 KiB blocks on
-// loopback) would fit a per-byte cost below 0; it is held at the link's
-// bandwidth instead, so the fetch rate stays finite and the estimate can
+// loopback) may fit a per-byte cost below 0; it is then held at the
+// link's bandwidth, so the fetch rate stays finite and the estimate can
 // be published (an infinite one made every node drop the link from its
 // record).
 func TestLinksFetchRateStaysFinite(t *testing.T) {
@@ -251,9 +251,6 @@ func TestLinksFetchRateStaysFinite(t *testing.T) {
 	if math.IsInf(e.FetchBytesPerSecond, 0) || math.IsNaN(e.FetchBytesPerSecond) || e.FetchBytesPerSecond <= 0 {
 		t.Fatalf("fetch rate %v", e.FetchBytesPerSecond)
 	}
-	if got := e.FetchBytesPerSecond; math.Abs(got-bw) > 0.01*bw {
-		t.Errorf("fetch rate %.4g B/s, want the link's %.4g (held)", got, bw)
-	}
 	for _, v := range []time.Duration{e.Fixed, e.PerBlock, e.PerDoubling} {
 		if v < 0 {
 			t.Errorf("a negative term: fixed %v, per block %v, per doubling %v", e.Fixed, e.PerBlock, e.PerDoubling)
@@ -262,5 +259,37 @@ func TestLinksFetchRateStaysFinite(t *testing.T) {
 	// What a plan would take from it: about the 2 ms each fetch took.
 	if got := e.FetchTime(16*size, 16); got < time.Millisecond || got > 3*time.Millisecond {
 		t.Errorf("16 blocks predicted in %v", got)
+	}
+}
+
+// TestLinksFitFollowsTypicalFetches: fetch times on a busy host are
+// skewed, most near the typical time, some faster and a few much slower.
+// The fit predicts the typical fetch of every chain length within 5 %:
+// weighing each error by what that fetch took would trust the fast ones
+// most and predicted 10 % fast here (short chains 10-15 % fast on
+// loopback).
+func TestLinksFitFollowsTypicalFetches(t *testing.T) {
+	const bw, rtt, size = 4e9, 100 * time.Microsecond, 2 << 20
+	const fixed = 250 * time.Microsecond
+	typical := func(blocks int) (int64, time.Duration) {
+		n := int64(blocks) * size
+		return n, rtt + fixed + time.Duration(float64(n)/bw*1e9)
+	}
+	// The spread of one chain's fetches around its typical time: one in
+	// four 30 % fast, one in eight twice as slow.
+	spread := []float64{1, 0.7, 1, 1, 2, 1, 0.7, 1}
+	t0 := time.Unix(1000, 0)
+	l := NewLinks(LinkConfig{Seeds: map[string]Seed{"a": {BytesPerSecond: bw, RTT: rtt}}})
+	for i := range 256 {
+		blocks := []int{1, 4, 16, 64}[i%4]
+		n, d := typical(blocks)
+		l.ObserveFetch("a", blocks, n, time.Duration(float64(d)*spread[(i/4)%len(spread)]), t0)
+	}
+	e := l.Estimate("a", t0)
+	for _, blocks := range []int{1, 4, 16, 64} {
+		n, d := typical(blocks)
+		if got := e.FetchTime(n, blocks); math.Abs(float64(got-d)) > 0.05*float64(d) {
+			t.Errorf("%d blocks: predicted %v, typically %v (%+.1f %%)", blocks, got, d, 100*(got.Seconds()-d.Seconds())/d.Seconds())
+		}
 	}
 }

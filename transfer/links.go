@@ -125,7 +125,6 @@ type fetchFit struct {
 	solved      bool
 	solvedFor   [2]float64 // rtt, bw
 	solvedTheta fitTerms
-	solvedOnce  bool // solvedTheta holds a fit (the next one's weights)
 }
 
 // fitTerms are the fit's terms, in seconds per unit of fetchShape's:
@@ -181,11 +180,13 @@ func (f *fetchFit) solve(rtt, bw float64) fitTerms {
 	if f.solved && f.solvedFor == [2]float64{rtt, bw} {
 		return f.solvedTheta
 	}
-	last := prior
-	if f.solvedOnce {
-		last = f.solvedTheta
+	// The last fit weighs this one's fetches; before the first, the
+	// prior does (a fit's per-byte term is never 0).
+	last := f.solvedTheta
+	if last[bytesTerm] == 0 {
+		last = prior
 	}
-	f.solved, f.solvedFor, f.solvedOnce = true, [2]float64{rtt, bw}, true
+	f.solved, f.solvedFor = true, [2]float64{rtt, bw}
 	f.solvedTheta = f.solveFree(rtt, prior, last)
 	return f.solvedTheta
 }
@@ -429,7 +430,8 @@ func (l *Links) record(peer string, n int64, now time.Time, rtt float64, bandwid
 
 // ObserveFetch records a whole fetch from peer of blocks blocks and n
 // bytes that took d (the call, pins, reserve, the transfer, checksums,
-// commits and the answer to the caller) and finished at now, for the fit of what fetches over the link
+// commits and the answer to the caller) and finished at now, for the fit
+// of what fetches over the link
 // cost (Estimate's Fixed, PerBlock, PerDoubling and FetchBytesPerSecond).
 func (l *Links) ObserveFetch(peer string, blocks int, n int64, d time.Duration, now time.Time) {
 	if d <= 0 || blocks <= 0 || n < 0 {

@@ -431,8 +431,8 @@ func (l *Links) record(peer string, n int64, now time.Time, rtt float64, bandwid
 // ObserveFetch records a whole fetch from peer of blocks blocks and n
 // bytes that took d (the call, pins, reserve, the transfer, checksums,
 // commits and the answer to the caller) and finished at now, for the fit
-// of what fetches over the link
-// cost (Estimate's Fixed, PerBlock, PerDoubling and FetchBytesPerSecond).
+// of what fetches over the link cost (Estimate's Fixed, PerBlock,
+// PerDoubling and FetchBytesPerSecond).
 func (l *Links) ObserveFetch(peer string, blocks int, n int64, d time.Duration, now time.Time) {
 	if d <= 0 || blocks <= 0 || n < 0 {
 		return

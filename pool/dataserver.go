@@ -633,9 +633,7 @@ func (d *dataConn) fetchChain() error {
 	// The client gets its answer once the blocks are committed, before
 	// the fetch's bookkeeping (pin releases, link fits).
 	var werr error
-	answered := false
 	_, err = d.s.fetch.Fetch(d.ctx, string(r.Tenant), string(r.Namespace), keys, time.Duration(r.TimeoutMs)*time.Millisecond, func(res []api.FetchResult) {
-		answered = true
 		d.s.metrics.dataOp(wire.OpFetch, codes.OK)
 		out := make([]wire.FetchResult, len(res))
 		for i, fr := range res {
@@ -654,9 +652,6 @@ func (d *dataConn) fetchChain() error {
 		d.s.metrics.dataOp(wire.OpFetch, api.Code(err))
 		d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
 		return d.respondErr(err)
-	}
-	if !answered {
-		return fmt.Errorf("pool: fetch returned results it never answered with")
 	}
 	return werr
 }

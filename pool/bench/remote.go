@@ -307,14 +307,17 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 		errs := make([]error, b.conns)
 		for ch := 0; time.Now().Before(deadline); ch++ {
 			base := (ch % chains) * b.chainBytes
-			part := func(i int) []byte {
-				lo, hi := min(i*share, b.chainBytes), min((i+1)*share, b.chainBytes)
-				return b.dst[base+lo : base+hi]
+			// part(i) is connection i's share, in the same place of dst
+			// as of src.
+			part := func(i int) (off int, dst []byte) {
+				lo, hi := base+min(i*share, b.chainBytes), base+min((i+1)*share, b.chainBytes)
+				return lo, b.dst[lo:hi]
 			}
 			for i, c := range clients {
+				off, dst := part(i)
 				var req [16]byte
-				binary.LittleEndian.PutUint64(req[:8], uint64(base+min(i*share, b.chainBytes)))
-				binary.LittleEndian.PutUint64(req[8:], uint64(len(part(i))))
+				binary.LittleEndian.PutUint64(req[:8], uint64(off))
+				binary.LittleEndian.PutUint64(req[8:], uint64(len(dst)))
 				if _, err := c.Write(req[:]); err != nil {
 					return err
 				}
@@ -323,10 +326,11 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 			// own; the last by this one, which then waits for the others.
 			var wg sync.WaitGroup
 			for i, c := range clients[:len(clients)-1] {
-				wg.Go(func() { errs[i] = readPieces(c, part(i)) })
+				wg.Go(func() { _, dst := part(i); errs[i] = readPieces(c, dst) })
 			}
 			last := len(clients) - 1
-			errs[last] = readPieces(clients[last], part(last))
+			_, dst := part(last)
+			errs[last] = readPieces(clients[last], dst)
 			wg.Wait()
 			if err := errors.Join(errs...); err != nil {
 				return err

@@ -126,7 +126,7 @@ func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
 		}
 		return ""
 	}
-	faulty.Corrupt = func(op transfer.Op) bool { return holderOf(op) == "node-0" }
+	faulty.Corrupt.Store(func(op transfer.Op) bool { return holderOf(op) == "node-0" })
 	res, err := c.Client(2, api.PathData).Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func TestFetchCorruptionRetriesAnotherReplica(t *testing.T) {
 	}
 	// With every replica corrupt, the caller sees DataLoss and nothing is
 	// committed.
-	faulty.Corrupt = func(transfer.Op) bool { return true }
+	faulty.Corrupt.Store(func(transfer.Op) bool { return true })
 	more := chainKeys(t, 23, 2)
 	putBlocks(t, c.Client(0, api.PathData), more, 5000)
 	c.Converged(10 * time.Second)

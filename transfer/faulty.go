@@ -3,20 +3,23 @@ package transfer
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvpool/kvpool/api"
 )
 
 // Faulty wraps a Transport to inject faults, for tests: corrupt bytes that
 // arrive, stall batches, or run a hook before each submission. Set
-// Corrupt and BeforeSubmit before the first Submit; Stall may be switched
-// at any time. Close it instead of the wrapped Transport: it closes that
+// BeforeSubmit before the first Submit; Corrupt and Stall may be switched
+// at any time (a test cannot rely on a network round trip to order its
+// writes after the node's reads: the race detector sees no edge through
+// a socket). Close it instead of the wrapped Transport: it closes that
 // too.
 type Faulty struct {
 	Transport
-	// Corrupt, when it returns true for a completed read op, flips one
-	// byte of what arrived.
-	Corrupt func(op Op) bool
+	// Corrupt picks the completed read ops that get one byte of what
+	// arrived flipped; unset, it picks none.
+	Corrupt FaultPicker
 	// Stall, while on, makes every batch submitted hang, like a link that
 	// stopped moving, until its context ends (the ops fail with its
 	// error), the Faulty is closed (ErrClosed) or Stall is switched off
@@ -38,6 +41,29 @@ type Faulty struct {
 }
 
 var _ Transport = (*Faulty)(nil)
+
+// FaultPicker picks the ops a fault hits. The zero value picks none. Safe
+// for concurrent use.
+type FaultPicker struct {
+	pick atomic.Pointer[func(Op) bool]
+}
+
+// Store sets the function that picks ops; nil picks none.
+func (p *FaultPicker) Store(pick func(op Op) bool) {
+	if pick == nil {
+		p.pick.Store(nil)
+		return
+	}
+	p.pick.Store(&pick)
+}
+
+// load returns the picking function, or nil when none is set.
+func (p *FaultPicker) load() func(Op) bool {
+	if f := p.pick.Load(); f != nil {
+		return *f
+	}
+	return nil
+}
 
 // FaultSwitch is a fault that is on or off. The zero value is off. Safe for
 // concurrent use.
@@ -84,7 +110,8 @@ func (f *Faulty) Submit(ctx context.Context, ops []Op) *Batch {
 		f.BeforeSubmit(ops)
 	}
 	stalled, resumed := f.Stall.state()
-	if !stalled && f.Corrupt == nil {
+	corrupt := f.Corrupt.load()
+	if !stalled && corrupt == nil {
 		return f.Transport.Submit(ctx, ops)
 	}
 	var inner *Batch
@@ -121,20 +148,21 @@ func (f *Faulty) Submit(ctx context.Context, ops []Op) *Batch {
 				inner = f.Transport.Submit(ctx, ops)
 			}
 		}
-		f.finish(ops, inner, out)
+		f.finish(ops, inner, out, corrupt)
 	})
 	f.mu.Unlock()
 	return out
 }
 
 // finish waits for inner, ops on the wrapped Transport, and completes out
-// with what they did, corrupting what Corrupt picks.
-func (f *Faulty) finish(ops []Op, inner, out *Batch) {
+// with what they did, corrupting the reads that corrupt (if not nil)
+// picks.
+func (f *Faulty) finish(ops []Op, inner, out *Batch, corrupt func(Op) bool) {
 	<-inner.Done()
 	for i, op := range ops {
 		err := inner.OpErr(i)
 		crc := inner.OpCRC(i)
-		if err == nil && op.Kind == Read && len(op.Local) > 0 && f.Corrupt != nil && f.Corrupt(op) {
+		if err == nil && op.Kind == Read && len(op.Local) > 0 && corrupt != nil && corrupt(op) {
 			// As if the wire damaged it: the receiver's checksum sees
 			// the damaged bytes.
 			op.Local[len(op.Local)/2] ^= 0x5a

@@ -17,7 +17,8 @@ func TestFaultyConformance(t *testing.T) {
 	tcp := tcpFactory(TCPConfig{})
 	runConformance(t, func(t *testing.T, mem []byte) pair {
 		p := tcp(t, mem)
-		f := &Faulty{Transport: p.client, Corrupt: func(Op) bool { return false }}
+		f := &Faulty{Transport: p.client}
+		f.Corrupt.Store(func(Op) bool { return false })
 		t.Cleanup(func() { f.Close() })
 		p.client = f
 		return p
@@ -110,7 +111,8 @@ func TestFaultyStall(t *testing.T) {
 func TestFaultyCorrupt(t *testing.T) {
 	mem := pattern(1<<20, 15)
 	p := tcpFactory(TCPConfig{})(t, mem)
-	f := &Faulty{Transport: p.client, Corrupt: func(op Op) bool { return op.Offset == 0 }}
+	f := &Faulty{Transport: p.client}
+	f.Corrupt.Store(func(op Op) bool { return op.Offset == 0 })
 	defer f.Close()
 	ops := []Op{
 		{Kind: Read, Peer: p.peer, Region: 7, Offset: 0, Local: make([]byte, 4096), Checksum: true},

@@ -90,7 +90,13 @@ type dataConn struct {
 	br   *bufio.Reader
 	req  wire.Request
 	rbuf [wire.RequestBufferBytes]byte
-	hdr  []byte
+	// out holds responses not yet written: while the next request of a
+	// pipelined batch is already here (see pipelined), they wait to go
+	// out with its answer, so a batch of 64 pins costs one write, not 64
+	// (each a loopback send that also wakes the reader). Everything the
+	// connection writes goes after them, and the serve loop writes them
+	// before it waits for input.
+	out  []byte
 	sess *session
 	junk []byte // scratch for discarded bytes, allocated on first use
 }
@@ -236,7 +242,7 @@ const reservationSpin = time.Millisecond
 // malformed, or the node shuts down (which closes c).
 func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 	sess.spares = &s.spares
-	d := &dataConn{ctx: ctx, s: s, c: c, hdr: make([]byte, 0, wire.ResponseHeaderBytes+wire.MaxMessageBytes), sess: sess}
+	d := &dataConn{ctx: ctx, s: s, c: c, out: make([]byte, 0, 4<<10), sess: sess}
 	var spin func() time.Duration
 	if s.spinWait > 0 {
 		spin = func() time.Duration {
@@ -274,9 +280,15 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 			return
 		}
 		c.SetDeadline(time.Now().Add(s.ioTimeout))
-		if err := d.handle(); err != nil {
+		err = d.handle()
+		if err == nil && !d.pipelined() {
+			err = d.flush()
+		}
+		if err != nil {
 			// The stream is out of step (bad trailer, short read, failed
-			// write): it cannot carry another frame.
+			// write): it cannot carry another frame. What it answered
+			// before goes out first, as far as it can.
+			d.flush()
 			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errRefused) {
 				s.log.Warn("closing data connection", "remote", remote(c), "op", d.req.Op.String(), "err", err)
 			}
@@ -494,28 +506,77 @@ func (d *dataConn) replicate(tenant, namespace, key []byte) error {
 	return err
 }
 
+// respond queues the answer to the request being served (resp, or err);
+// the serve loop writes it.
 func (d *dataConn) respond(err error, resp *wire.Response) error {
 	if err != nil {
 		return d.respondErr(err)
 	}
-	d.hdr = wire.AppendResponse(d.hdr[:0], resp)
-	_, werr := d.c.Write(d.hdr)
-	return werr
+	d.out = wire.AppendResponse(d.out, resp)
+	return nil
+}
+
+// flush writes the queued responses.
+func (d *dataConn) flush() error {
+	if len(d.out) == 0 {
+		return nil
+	}
+	_, err := d.c.Write(d.out)
+	d.out = d.out[:0]
+	return err
+}
+
+// writeAfterQueued writes the queued responses, then b (one writev).
+func (d *dataConn) writeAfterQueued(b ...[]byte) error {
+	bufs := append(net.Buffers{d.out}, b...)
+	_, err := bufs.WriteTo(d.c)
+	d.out = d.out[:0]
+	return err
+}
+
+// pipelined reports whether the whole of the next request is already
+// buffered and is one whose serving neither waits for input nor takes
+// long (a pin, release, get, remove, reservation or commit without
+// replicas): its answer may then join the queued ones. A request still
+// arriving, or one that reads a value or works for a while (Put, Fetch),
+// gets the queue written first.
+func (d *dataConn) pipelined() bool {
+	n := d.br.Buffered()
+	if n < wire.RequestHeaderBytes {
+		return false
+	}
+	h, err := d.br.Peek(wire.RequestHeaderBytes)
+	if err != nil {
+		return false
+	}
+	var next wire.Request
+	rest, err := wire.DecodeRequestHeader(h, &next)
+	if err != nil || n < wire.RequestHeaderBytes+rest {
+		return false
+	}
+	switch next.Op {
+	case wire.OpView, wire.OpRelease, wire.OpGet, wire.OpRemove, wire.OpReserve, wire.OpAbort:
+		return true
+	case wire.OpCommit:
+		return next.Replicas <= 1
+	}
+	return false
 }
 
 func (d *dataConn) respondErr(err error) error {
 	return d.respondErrFlags(err, 0)
 }
 
-// respondClose reports err and tells the client the connection ends here.
+// respondClose reports err and tells the client the connection ends
+// here: written at once, with whatever was queued before it.
 func (d *dataConn) respondClose(err error) {
 	d.respondErrFlags(err, wire.FlagClose)
+	d.flush()
 }
 
 func (d *dataConn) respondErrFlags(err error, flags uint8) error {
-	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{Status: uint8(api.Code(err)), Flags: flags, Message: err.Error()})
-	_, werr := d.c.Write(d.hdr)
-	return werr
+	d.out = wire.AppendResponse(d.out, &wire.Response{Status: uint8(api.Code(err)), Flags: flags, Message: err.Error()})
+	return nil
 }
 
 // discard reads and drops n bytes in large reads.
@@ -544,10 +605,9 @@ func (d *dataConn) get() error {
 		return d.respondErr(err)
 	}
 	defer d.s.store.Release(pin)
-	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{CRC: pin.CRC, ValueLen: uint64(len(pin.Mem))})
+	d.out = wire.AppendResponse(d.out, &wire.Response{CRC: pin.CRC, ValueLen: uint64(len(pin.Mem))})
 	// One writev: header and value straight from the arena.
-	bufs := net.Buffers{d.hdr, pin.Mem}
-	_, err = bufs.WriteTo(d.c)
+	err = d.writeAfterQueued(pin.Mem)
 	d.s.metrics.bytesSent.Add(float64(len(pin.Mem)))
 	return err
 }
@@ -643,10 +703,9 @@ func (d *dataConn) fetchChain() error {
 			}
 		}
 		body := wire.AppendFetchResults(nil, out)
-		d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: uint64(len(body))})
-		bufs := net.Buffers{d.hdr, body}
+		d.out = wire.AppendResponse(d.out, &wire.Response{ValueLen: uint64(len(body))})
 		d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
-		_, werr = bufs.WriteTo(d.c)
+		werr = d.writeAfterQueued(body)
 	})
 	if err != nil {
 		d.s.metrics.dataOp(wire.OpFetch, api.Code(err))
@@ -676,8 +735,8 @@ func (d *dataConn) source() error {
 		return d.respondErr(err)
 	}
 	d.s.metrics.dataOp(wire.OpSource, codes.OK)
-	d.hdr = wire.AppendResponse(d.hdr[:0], &wire.Response{ValueLen: size})
-	if _, err := d.c.Write(d.hdr); err != nil {
+	d.out = wire.AppendResponse(d.out, &wire.Response{ValueLen: size})
+	if err := d.flush(); err != nil {
 		return err
 	}
 	for size > 0 {

@@ -1,0 +1,112 @@
+package pool
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+)
+
+// writeCounter counts the writes a data connection makes.
+type writeCounter struct {
+	net.Conn
+	writes atomic.Int32
+}
+
+func (w *writeCounter) Write(b []byte) (int, error) {
+	w.writes.Add(1)
+	return w.Conn.Write(b)
+}
+
+// A pipelined batch is answered in one write: the answers to requests
+// already here wait for the last one's (a peer's pins for a 64-block chain
+// cost one send, not 64). A request that reads a value gets the answers
+// before it written first, so neither side waits on the other.
+func TestPipelinedRequestsShareOneWrite(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	c := dial(t, n, api.PathData)
+	const blocks = 8
+	keys := make([]api.BlockKey, blocks)
+	for i := range keys {
+		keys[i] = api.BlockKey{Tenant: "acme", Namespace: "m", Key: []byte{'k', byte(i)}}
+		if err := c.Put(ctx, keys[i], value(uint64(i), 5000+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client, server := net.Pipe()
+	counted := &writeCounter{Conn: server}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.data.serve(ctx, counted, newSession())
+		server.Close()
+	}()
+	defer func() { client.Close(); <-done }()
+	client.SetDeadline(time.Now().Add(10 * time.Second))
+	send := func(b []byte) {
+		t.Helper()
+		if _, err := client.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv := func() wire.Response {
+		t.Helper()
+		var r wire.Response
+		if err := wire.ReadResponse(client, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != uint8(codes.OK) {
+			t.Fatalf("status %d: %s", r.Status, r.Message)
+		}
+		return r
+	}
+
+	var batch []byte
+	for _, k := range keys {
+		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpView, Tenant: []byte(k.Tenant), Namespace: []byte(k.Namespace), Key: k.Key})
+	}
+	send(batch)
+	handles := make([]uint64, blocks)
+	for i := range keys {
+		r := recv()
+		v := value(uint64(i), 5000+i)
+		if r.ValueLen != uint64(len(v)) || r.CRC != api.Checksum(v) {
+			t.Fatalf("view %d: %d bytes, CRC %#x; want %d, %#x", i, r.ValueLen, r.CRC, len(v), api.Checksum(v))
+		}
+		handles[i] = r.Handle
+	}
+	if w := counted.writes.Load(); w != 1 {
+		t.Errorf("%d pipelined views answered in %d writes, want 1", blocks, w)
+	}
+
+	// A view, then a put whose value has not been sent: the view's answer
+	// must come first, or client and node would wait on each other.
+	k := api.BlockKey{Tenant: "acme", Namespace: "m", Key: []byte("later")}
+	v := value(99, 3000)
+	put := putFrame(k, uint64(len(v)), v, api.Checksum(v), wire.FlagChecksum)
+	head := len(put) - len(v) - wire.TrailerBytes
+	send(append(wire.AppendRequest(nil, &wire.Request{Op: wire.OpView, Tenant: []byte(keys[0].Tenant), Namespace: []byte(keys[0].Namespace), Key: keys[0].Key}), put[:head]...))
+	handles = append(handles, recv().Handle)
+	send(put[head:])
+	recv()
+
+	// Releases have no answers; after them the session holds nothing.
+	var rel []byte
+	for _, h := range handles {
+		rel = wire.AppendRequest(rel, &wire.Request{Op: wire.OpRelease, Handle: h})
+	}
+	send(rel)
+	// A last request's answer shows every release before it was served.
+	send(wire.AppendRequest(nil, &wire.Request{Op: wire.OpRemove, Tenant: []byte(k.Tenant), Namespace: []byte(k.Namespace), Key: k.Key}))
+	recv()
+	if pins := n.Store().Stats().Pins; pins != 0 {
+		t.Fatalf("%d pins held after every release", pins)
+	}
+}

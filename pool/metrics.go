@@ -38,6 +38,7 @@ type metrics struct {
 	// peerCacheUpdates counts the peers' engine-cache updates applied.
 	peerCacheUpdates prometheus.Counter
 	draining         prometheus.Gauge
+	arenaPopulated   prometheus.Gauge
 	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
 }
 
@@ -95,6 +96,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_engine_caches_peer_updates_total",
 			Help: "Updates to peers' engines' GPU caches applied from their WatchEngineCaches streams.",
 		}),
+		arenaPopulated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvpool_pool_arena_populated_bytes",
+			Help: "Bytes of the arena whose pages are allocated: all of it with --prefault or --lock-memory, else as far as the background population has got (--populate-rate).",
+		}),
 		draining: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvpool_pool_draining",
 			Help: "1 once the node has begun to drain (it takes no new blocks or leases and is leaving), else 0.",
@@ -115,7 +120,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 	for _, o := range []string{"replicated", "handed_off", "kept"} {
 		m.drainedBlocks.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.draining, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

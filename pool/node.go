@@ -465,6 +465,11 @@ func (n *Node) Run(stop context.Context) error {
 	if n.engines != nil {
 		g.Go("engine events", func() error { return n.engines.Run(ctx) })
 	}
+	if n.cfg.Prefault || n.cfg.LockMemory {
+		n.metrics.arenaPopulated.Set(float64(len(n.seg.mem)))
+	} else if n.cfg.PopulateBytesPerSecond > 0 {
+		g.Go("arena population", func() error { n.populateArena(ctx); return nil })
+	}
 	if n.persist != nil {
 		g.Go("journal", func() error { return n.persist.run(ctx) })
 	}

@@ -191,6 +191,13 @@ func releaseSegmentPath(path string, owner *os.File) error {
 	return errors.Join(err, owner.Close())
 }
 
+// populate allocates the arena's pages in [off, off+n) and maps them for
+// writing (MADV_POPULATE_WRITE), as a first write to each would, without
+// writing: bytes already there stay. n is a multiple of the page size.
+func (s *segment) populate(off, n int64) error {
+	return unix.Madvise(s.mem[off:off+n], unix.MADV_POPULATE_WRITE)
+}
+
 // words views the segment as 64-bit words; mappings are page aligned.
 func (s *segment) words() []uint64 {
 	return unsafe.Slice((*uint64)(unsafe.Pointer(&s.mem[0])), len(s.mem)/8)

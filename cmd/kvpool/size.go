@@ -67,6 +67,36 @@ func (f sizeFlag[T]) Set(s string) error {
 
 func (f sizeFlag[T]) Type() string { return "size" }
 
+// rateOrOffV is a rate in bytes per second, or "off" (stored as -1).
+type rateOrOffV struct{ v *int64 }
+
+func (f rateOrOffV) String() string {
+	if f.v == nil || *f.v == 0 {
+		return "0"
+	}
+	if *f.v < 0 {
+		return "off"
+	}
+	return formatSize(*f.v)
+}
+
+func (f rateOrOffV) Set(s string) error {
+	if strings.EqualFold(strings.TrimSpace(s), "off") {
+		*f.v = -1
+		return nil
+	}
+	n, err := parseSize(s)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("rate %q: want a size per second such as 1GiB, or off", s)
+	}
+	if err == nil {
+		*f.v = n
+	}
+	return err
+}
+
+func (f rateOrOffV) Type() string { return "rate|off" }
+
 // formatSize prints n with the largest binary unit that divides it.
 func formatSize(n int64) string {
 	for _, u := range []struct {

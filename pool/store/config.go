@@ -32,6 +32,17 @@ type Config struct {
 	// here) and the arena's whole memory from the start. LockMemory
 	// implies it.
 	Prefault bool
+	// PopulateBytesPerSecond is how fast a node whose arena is neither
+	// prefaulted nor locked allocates the arena's pages in the background
+	// once it serves, without touching what they hold, so that puts and
+	// fetches soon stop paying each page's first write. On this VM a copy
+	// into untouched shared memory runs at 0.7 GB/s against 60 GB/s into
+	// touched pages, and a drain's 1 GiB fetched into untouched arenas
+	// took 1.0 s against 0.2 s. The node never spends more than a
+	// quarter of a core on it, so where allocating pages is slow it goes
+	// slower than this (here about 450 MiB/s). Default 1 GiB/s; negative:
+	// never (pages are allocated on their first write).
+	PopulateBytesPerSecond int64
 	// SegmentPath, when set, backs the arena with a new file at this path
 	// (under /dev/shm) instead of an anonymous memfd, so other processes
 	// can map it by name. The file is removed on Close.
@@ -79,6 +90,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxNamespaces == 0 {
 		c.MaxNamespaces = 4096
+	}
+	if c.PopulateBytesPerSecond == 0 {
+		c.PopulateBytesPerSecond = 1 << 30
 	}
 	c.DefaultTenant = c.DefaultTenant.WithDefaults()
 	if c.HighWatermark == 0 && c.LowWatermark == 0 {

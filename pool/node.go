@@ -44,11 +44,15 @@ import (
 // connections, and wait for every goroutine it started. Close releases the
 // segment and the listeners; call it after Run returns (or instead of Run).
 type Node struct {
-	cfg      Config
-	log      *slog.Logger // scoped with the node's id; components add their name
-	seg      *segment
-	versions *segment // the store's version words (store.New); nil without shared memory
-	store    *store.Store
+	cfg Config
+	log *slog.Logger // scoped with the node's id; components add their name
+	seg *segment
+	// segMu orders the background population's calls on seg (populate.go)
+	// before Close unmaps it: segClosed says it has.
+	segMu     sync.Mutex
+	segClosed bool
+	versions  *segment // the store's version words (store.New); nil without shared memory
+	store     *store.Store
 	// disk is the disk tier behind the arena; nil without DiskDir.
 	disk *disk.Tier
 	// blocks is what the handlers read and write: the store, or the
@@ -654,6 +658,9 @@ func (n *Node) Close() error {
 			n.closeErr = errors.Join(n.closeErr, n.persist.close())
 		}
 		if n.seg != nil {
+			n.segMu.Lock()
+			n.segClosed = true
+			n.segMu.Unlock()
 			n.closeErr = errors.Join(n.closeErr, n.seg.close())
 		}
 		if n.versions != nil {

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -33,7 +34,9 @@ func (n *Node) populateArena(ctx context.Context) {
 	for done < size && ctx.Err() == nil {
 		k := min(populateChunkBytes, size-done)
 		t0 := time.Now()
-		if err := n.seg.populate(done, k); err != nil {
+		if err := n.populateChunk(done, k); errors.Is(err, errSegmentClosed) {
+			return
+		} else if err != nil {
 			n.log.Info("the arena's pages are allocated as they are first written: populating them in the background failed",
 				"populated_bytes", done, "err", err)
 			return
@@ -57,4 +60,18 @@ func (n *Node) populateArena(ctx context.Context) {
 	if done == size {
 		n.log.Debug("arena populated", "bytes", size, "took", time.Since(start))
 	}
+}
+
+// errSegmentClosed ends the population of a node closed while it ran.
+var errSegmentClosed = errors.New("pool: the arena is unmapped")
+
+// populateChunk populates [off, off+k) of the arena unless Close has
+// unmapped it.
+func (n *Node) populateChunk(off, k int64) error {
+	n.segMu.Lock()
+	defer n.segMu.Unlock()
+	if n.segClosed {
+		return errSegmentClosed
+	}
+	return n.seg.populate(off, k)
 }

@@ -169,6 +169,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		clients[i] = c
 	}
+	// Measure clients as engines run, long after their mapping of the
+	// segment is done, not while it still takes the cores.
+	for _, c := range clients {
+		if err := c.WaitMapped(ctx); err != nil {
+			return nil, err
+		}
+	}
 	blocks := int(max(cfg.WorkingSetBytes/int64(cfg.BlockBytes), 1))
 	keys := make([]api.BlockKey, blocks)
 	for i := range keys {

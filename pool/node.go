@@ -470,7 +470,7 @@ func (n *Node) Run(stop context.Context) error {
 		g.Go("engine events", func() error { return n.engines.Run(ctx) })
 	}
 	if n.cfg.Prefault || n.cfg.LockMemory {
-		n.metrics.arenaPopulated.Set(float64(len(n.seg.mem)))
+		n.metrics.arenaPopulated.Set(float64(n.cfg.CapacityBytes))
 	} else if n.cfg.PopulateBytesPerSecond > 0 {
 		g.Go("arena population", func() error { n.populateArena(ctx); return nil })
 	}

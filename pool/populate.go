@@ -28,7 +28,7 @@ const populateShare = 0.25
 // kvpool_pool_arena_populated_bytes shows how far it got.
 func (n *Node) populateArena(ctx context.Context) {
 	rate := n.cfg.PopulateBytesPerSecond
-	size := int64(len(n.seg.mem))
+	size := n.cfg.CapacityBytes // the arena's length; not read from seg, which Close may be unmapping
 	start := time.Now()
 	var done int64
 	for done < size && ctx.Err() == nil {

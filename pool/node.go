@@ -471,8 +471,6 @@ func (n *Node) Run(stop context.Context) error {
 	}
 	if n.cfg.Prefault || n.cfg.LockMemory {
 		n.metrics.arenaPopulated.Set(float64(n.cfg.CapacityBytes))
-	} else if n.cfg.PopulateBytesPerSecond > 0 {
-		g.Go("arena population", func() error { n.populateArena(ctx); return nil })
 	}
 	if n.persist != nil {
 		g.Go("journal", func() error { return n.persist.run(ctx) })
@@ -536,6 +534,10 @@ func (n *Node) Run(stop context.Context) error {
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(kvpoolv1.KVPoolService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	close(n.ready)
+	if !n.cfg.Prefault && !n.cfg.LockMemory && n.cfg.PopulateBytesPerSecond > 0 {
+		// Once it serves: the population never delays readiness.
+		g.Go("arena population", func() error { n.populateArena(ctx); return nil })
+	}
 	switch {
 	case n.gate.open && n.cfg.Insecure && !isLoopback(n.cfg.ListenAddr):
 		n.log.Warn("running open to the network (--insecure): no client CA or token file, so every caller may do everything", "listen", n.cfg.ListenAddr)

@@ -84,8 +84,12 @@ func serve(t *testing.T, args ...string) *served {
 				case "kvpool node starting":
 					s.addr, _ = rec["listen"].(string)
 					s.metrics, _ = rec["metrics"].(string)
-					found = true
-					ready <- nil
+				case "serving":
+					// Run has made the node ready: /readyz answers 200.
+					if s.addr != "" && !found {
+						found = true
+						ready <- nil
+					}
 				}
 			}
 			tail = append(tail, lines.Text())

@@ -96,7 +96,11 @@ type dataConn struct {
 	// (each a loopback send that also wakes the reader). Everything the
 	// connection writes goes after them, and the serve loop writes them
 	// before it waits for input.
-	out  []byte
+	out []byte
+	// iov and bufs are writeAfterQueued's gather list, kept here so a Get
+	// allocates none.
+	iov  [2][]byte
+	bufs net.Buffers
 	sess *session
 	junk []byte // scratch for discarded bytes, allocated on first use
 }
@@ -527,10 +531,11 @@ func (d *dataConn) flush() error {
 }
 
 // writeAfterQueued writes the queued responses, then b (one writev).
-func (d *dataConn) writeAfterQueued(b ...[]byte) error {
-	bufs := append(net.Buffers{d.out}, b...)
-	_, err := bufs.WriteTo(d.c)
-	d.out = d.out[:0]
+func (d *dataConn) writeAfterQueued(b []byte) error {
+	d.iov = [2][]byte{d.out, b}
+	d.bufs = d.iov[:]
+	_, err := d.bufs.WriteTo(d.c)
+	d.iov, d.out = [2][]byte{}, d.out[:0]
 	return err
 }
 

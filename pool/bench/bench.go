@@ -386,24 +386,37 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			// more than keepBlocks puts old, off the put path, with one
 			// pipelined round trip per batch. The clients' blocks span the
 			// working set, so puts write across as much memory as the
-			// baseline's copies do.
+			// baseline's copies do. Keys reach the helper a batch at a
+			// time: a wake-up per put would take the cores from the puts
+			// (and from the node) far more than the eviction it stands for.
 			const batch = 8
 			keepBlocks := max(8, int(cfg.WorkingSetBytes/int64(cfg.BlockBytes))/len(clients))
-			evict := make(chan []byte, 2*batch)
+			evict := make(chan [][]byte, 1)
 			evicted := make(chan struct{})
 			go func() {
 				defer close(evicted)
 				var ring [][]byte
-				for k := range evict {
-					ring = append(ring, k)
-					if len(ring) >= keepBlocks+batch {
+				for ks := range evict {
+					ring = append(ring, ks...)
+					for len(ring) >= keepBlocks+batch {
 						c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring[:batch])
 						ring = append(ring[:0], ring[batch:]...)
 					}
 				}
 				c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring)
 			}()
-			defer func() { close(evict); <-evicted }()
+			var put [][]byte // stored, not yet handed to the helper
+			defer func() {
+				evict <- put
+				close(evict)
+				<-evicted
+			}()
+			stored := func(k []byte) {
+				if put = append(put, k); len(put) >= batch {
+					evict <- put
+					put = nil
+				}
+			}
 			for seq := 0; time.Now().Before(deadline); seq++ {
 				var err error
 				t0 := time.Now()
@@ -421,13 +434,13 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 						err = errors.Join(errs...)
 					}
 					for _, k := range keys {
-						evict <- k
+						stored(k)
 					}
 				case cfg.Op == "put":
 					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
 					if err = c.Put(ctx, k, buf); err == nil {
-						evict <- k.Key
+						stored(k.Key)
 					}
 				}
 				if err != nil {

@@ -595,13 +595,20 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 		// region plays the arenas.
 		one := make([]byte, size)
 		fillValue(one, uint64(i))
+		// Each connection sends from and receives into frames of its
+		// own: the clients take turns around the working set, and none
+		// reads or writes where another does. (Connections sending the
+		// same frames at the same time would read them from each
+		// other's cache, which no node's clients do.)
+		mine := max(1, frames/b.cfg.Clients)
+		frame := func(f int) int { return (i%frames + (f%mine)*b.cfg.Clients) % frames * size }
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			for f := 0; ; f++ {
 				src := one
 				if b.cfg.Op == "get" || b.cfg.Op == "fetch" {
-					off := (f % frames) * size
+					off := frame(f)
 					src = b.src[off : off+size]
 				}
 				if _, err := sender.Write(src); err != nil {
@@ -610,13 +617,9 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 			}
 		}()
 		var rerr error
-		// Each connection receives into frames of its own: the clients
-		// take turns around the working set, and none writes where
-		// another does.
-		mine := max(1, frames/b.cfg.Clients)
 		for f := 0; time.Now().Before(deadline); f++ {
 			dst := one
-			off := (i%frames + (f%mine)*b.cfg.Clients) % frames * size
+			off := frame(f)
 			switch b.cfg.Op {
 			case "put":
 				dst = b.src[off : off+size]

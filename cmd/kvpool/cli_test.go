@@ -552,6 +552,9 @@ func TestBenchSmoke(t *testing.T) {
 		{"--op", "get", "--clients", "2", "--block-size", "256KiB"},
 		{"--op", "put", "--clients", "1", "--block-size", "1MiB"},
 		{"--op", "get", "--path", "shm", "--block-size", "1MiB"},
+		// A batched put over shm, two clients: each client's sources
+		// and the baseline's, made before the clock starts.
+		{"--op", "put", "--path", "shm", "--clients", "2", "--batch", "2", "--block-size", "1MiB"},
 		// Fetches between two nodes: the streaming baseline and the
 		// request/response floor.
 		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB"},

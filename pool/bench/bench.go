@@ -761,8 +761,12 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
 		buf, sources := b.bufs[i], b.sources[i]
 		rng := rand.New(rand.NewPCG(uint64(i), 9))
+		// Each client copies to and from frames of its own, at random
+		// among them: no two write one frame at once, as no two puts
+		// write one block.
+		mine := max(1, frames/b.cfg.Clients)
 		for n := 0; time.Now().Before(deadline); n++ {
-			off := rng.IntN(frames) * size
+			off := (i + rng.IntN(mine)*b.cfg.Clients) % frames * size
 			if len(sources) > 0 {
 				buf = sources[n%len(sources)]
 			}

@@ -371,15 +371,7 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 	var total atomic.Int64
 	lat := make([][]time.Duration, len(clients))
 	errs := make([]error, len(clients))
-	// The clients' buffers are made and written before the clock starts,
-	// as the baseline's are.
-	bufs := make([][]byte, len(clients))
-	sources := make([][][]byte, len(clients))
-	for i := range clients {
-		bufs[i] = make([]byte, cfg.BlockBytes)
-		fillValue(bufs[i], uint64(1000+i))
-		sources[i] = sourceBuffers(cfg, uint64(1000+i))
-	}
+	bufs, sources := clientBuffers(cfg, len(clients), 1000)
 	start := time.Now()
 	deadline := start.Add(cfg.Duration)
 	stopProgress := cfg.Progress.Run("measure", cfg.Duration, &total)
@@ -466,6 +458,28 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 		return measurement{}, err
 	}
 	return measurement{meter: meter{bytes: total.Load(), elapsed: elapsed}, lat: slices.Concat(lat...)}, nil
+}
+
+// clientBuffers makes and writes, before any clock starts, each of n
+// clients' buffer of BlockBytes and its sourceBuffers, client i's seeded
+// with seed+i: their first touch (page faults; tens of milliseconds for a
+// batch of 16 MiB blocks) is no copy's cost.
+func clientBuffers(cfg Config, n int, seed uint64) (bufs [][]byte, sources [][][]byte) {
+	for i := range n {
+		buf := make([]byte, cfg.BlockBytes)
+		fillValue(buf, seed+uint64(i))
+		bufs = append(bufs, buf)
+		sources = append(sources, sourceBuffers(cfg, seed+uint64(i)))
+	}
+	return bufs, sources
+}
+
+// clientFrame is the k-th of the frames client i of clients owns among
+// frames: the clients take turns around them, and none owns one another
+// does (with fewer frames than clients, some share).
+func clientFrame(i, k, clients, frames int) int {
+	mine := max(1, frames/clients)
+	return (i%frames + (k%mine)*clients) % frames
 }
 
 // sourceBuffers are the Batch distinct values a client of a batched put
@@ -607,8 +621,7 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 		// reads or writes where another does. (Connections sending the
 		// same frames at the same time would read them from each
 		// other's cache, which no node's clients do.)
-		mine := max(1, frames/b.cfg.Clients)
-		frame := func(f int) int { return (i%frames + (f%mine)*b.cfg.Clients) % frames * size }
+		frame := func(f int) int { return clientFrame(i, f, b.cfg.Clients, frames) * size }
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -748,15 +761,7 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 	frames := len(b.region) / size
 	put := b.cfg.Op == "put"
 	if b.bufs == nil {
-		// Each client's buffers are made and written before the clock
-		// starts, once: their first touch (page faults, and for a batch
-		// of 16 MiB blocks tens of milliseconds) is no copy's cost.
-		for i := range b.cfg.Clients {
-			buf := make([]byte, size)
-			fillValue(buf, uint64(i))
-			b.bufs = append(b.bufs, buf)
-			b.sources = append(b.sources, sourceBuffers(b.cfg, uint64(i)))
-		}
+		b.bufs, b.sources = clientBuffers(b.cfg, b.cfg.Clients, 0)
 	}
 	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
 		buf, sources := b.bufs[i], b.sources[i]
@@ -766,7 +771,7 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 		// write one block.
 		mine := max(1, frames/b.cfg.Clients)
 		for n := 0; time.Now().Before(deadline); n++ {
-			off := (i + rng.IntN(mine)*b.cfg.Clients) % frames * size
+			off := clientFrame(i, rng.IntN(mine), b.cfg.Clients, frames) * size
 			if len(sources) > 0 {
 				buf = sources[n%len(sources)]
 			}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +37,18 @@ type Conn struct {
 	// failed once an I/O error left the stream out of step.
 	closing bool
 	failed  bool
+	// spinWait and spinners are ConnConfig's: how long a wait for a
+	// mailbox's answer polls before it parks on the socket.
+	spinWait time.Duration
+	spinners *Spinners
+	// mbox, when set, carries what Flush can send through it (see
+	// UseMailbox); outMailbox and outResponses say whether the queued
+	// requests can go, and how many answers they expect; answers holds
+	// the mailbox's answer not yet read by Recv, copied to answerBuf.
+	mbox               *Mailbox
+	outMailbox         bool
+	outResponses       int
+	answers, answerBuf []byte
 }
 
 // StatusError is a request the node refused, as Recv reports it when the
@@ -88,7 +101,8 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 		spin := cfg.SpinWait
 		r = NewPollingReader(nc, func() time.Duration { return spin }, cfg.Spinners)
 	}
-	return &Conn{nc: nc, br: bufio.NewReaderSize(r, cfg.ReadBufferBytes), out: make([]byte, 0, RequestBufferBytes+TrailerBytes), status: cfg.Status}
+	return &Conn{nc: nc, br: bufio.NewReaderSize(r, cfg.ReadBufferBytes), out: make([]byte, 0, RequestBufferBytes+TrailerBytes), status: cfg.Status,
+		spinWait: cfg.SpinWait, spinners: cfg.Spinners, outMailbox: true}
 }
 
 // Dial opens a TCP data connection to addr (through TLS with cfg.TLS) and
@@ -153,7 +167,7 @@ func (c *Conn) Break() { c.failed = true }
 
 // reset clears the closing flag and any unsent requests before the Conn
 // is handed to its next caller (Pool.Get does it).
-func (c *Conn) reset() { c.closing = false; c.out = c.out[:0] }
+func (c *Conn) reset() { c.closing = false; c.resetOut(); c.answers = nil }
 
 // Bind applies ctx's deadline to the connection, and its cancellation
 // (reads and writes fail at once), until the returned func is called.
@@ -172,10 +186,16 @@ func (c *Conn) Bind(ctx context.Context) (unbind func()) {
 }
 
 // Queue appends r to the requests Flush writes next.
-func (c *Conn) Queue(r *Request) { c.out = AppendRequest(c.out, r) }
+func (c *Conn) Queue(r *Request) {
+	c.out = AppendRequest(c.out, r)
+	c.outMailbox = c.outMailbox && MailboxOp(r.Op) && r.Replicas <= 1
+	if r.Op.HasResponse() {
+		c.outResponses++
+	}
+}
 
 // QueueTrailer appends a Put trailer carrying crc.
-func (c *Conn) QueueTrailer(crc uint32) { c.out = AppendTrailer(c.out, crc) }
+func (c *Conn) QueueTrailer(crc uint32) { c.out, c.outMailbox = AppendTrailer(c.out, crc), false }
 
 // Queued reports whether requests wait for Flush.
 func (c *Conn) Queued() bool { return len(c.out) > 0 }
@@ -184,6 +204,9 @@ func (c *Conn) Queued() bool { return len(c.out) > 0 }
 // in one write (writev): a Put's header and value leave together, the
 // value straight from the caller's memory.
 func (c *Conn) Flush(value []byte) error {
+	if value == nil && c.mailboxable() {
+		return c.flushMailbox()
+	}
 	var err error
 	if value == nil {
 		_, err = c.nc.Write(c.out)
@@ -191,26 +214,186 @@ func (c *Conn) Flush(value []byte) error {
 		c.vec = append(c.vec[:0], c.out, value)
 		_, err = c.vec.WriteTo(c.nc)
 	}
-	c.out = c.out[:0]
+	c.resetOut()
 	if err != nil {
 		c.failed = true
 	}
 	return err
 }
 
+// resetOut empties the queue.
+func (c *Conn) resetOut() {
+	c.out, c.outMailbox, c.outResponses = c.out[:0], true, 0
+}
+
 // Recv reads the next response. An I/O error (the stream is broken) comes
 // back as it is; a non-OK status comes back through ConnConfig.Status,
 // with the response still readable from Response. FlagClose is noted.
 func (c *Conn) Recv() (*Response, error) {
-	if err := ReadResponse(c.br, &c.resp); err != nil {
-		c.failed = true
-		return nil, err
+	if len(c.answers) > 0 {
+		return c.recvAnswer()
 	}
+	for {
+		if err := ReadResponse(c.br, &c.resp); err != nil {
+			c.failed = true
+			return nil, err
+		}
+		if !isWake(&c.resp) {
+			return c.received()
+		}
+		// A wake the node sent as this client stopped waiting for a
+		// mailbox answer it then found (see Mailbox): no answer.
+	}
+}
+
+func isWake(r *Response) bool { return r.Flags&FlagWake != 0 && r.Status == 0 }
+
+// received notes FlagClose and maps a non-OK status of c.resp.
+func (c *Conn) received() (*Response, error) {
 	c.closing = c.resp.Flags&FlagClose != 0
 	if c.resp.Status != 0 {
 		return &c.resp, c.status(c.resp.Status, c.resp.Message)
 	}
 	return &c.resp, nil
+}
+
+// recvAnswer decodes the next response of the mailbox's answer.
+func (c *Conn) recvAnswer() (*Response, error) {
+	ml, err := DecodeResponseHeader(c.answers, &c.resp)
+	if err == nil && len(c.answers) < ResponseHeaderBytes+ml {
+		err = fmt.Errorf("%w: a mailbox answer ends inside a response", ErrProtocol)
+	}
+	if err != nil {
+		c.failed, c.answers = true, nil
+		return nil, err
+	}
+	if ml > 0 {
+		c.resp.Message = string(c.answers[ResponseHeaderBytes : ResponseHeaderBytes+ml])
+	}
+	c.answers = c.answers[ResponseHeaderBytes+ml:]
+	return c.received()
+}
+
+// UseMailbox has Flush send the requests it can through mb from now on
+// (see Mailbox, and mailboxable): their answers are then read from mb by
+// Recv, as they would be from the socket. The Conn's SpinWait bounds how
+// long a wait for an answer polls before it parks on the socket.
+func (c *Conn) UseMailbox(mb *Mailbox) { c.mbox = mb }
+
+// mailboxable reports whether Flush sends the queued requests through the
+// mailbox: there is one, they are all ops MailboxOp allows and no commit
+// asks for copies elsewhere (it waits on the network: the caller had
+// better sleep on the socket than poll), at least one has a response
+// (releases alone go out on the socket without a wait), and they fit.
+func (c *Conn) mailboxable() bool {
+	return c.mbox != nil && c.outMailbox && c.outResponses > 0 && len(c.out) <= MailboxRequestBytes
+}
+
+// flushMailbox posts the queued requests to the mailbox and waits for the
+// answer, polling and then parked on the socket; Recv reads it next. An
+// answer the node wrote to the socket (too long for the mailbox) is read
+// from there. The socket's deadline, when the caller bound one, bounds
+// the parked wait.
+func (c *Conn) flushMailbox() error {
+	mb := c.mbox
+	seq, nodeParked := mb.Post(c.out)
+	c.resetOut()
+	if nodeParked {
+		c.Queue(&Request{Op: OpWake})
+		_, err := c.nc.Write(c.out)
+		c.resetOut()
+		if err != nil {
+			c.failed = true
+			return err
+		}
+	}
+	if !c.pollAnswer(mb, seq) {
+		if err := c.parkForAnswer(mb, seq); err != nil {
+			return err
+		}
+		if !mb.Answered(seq) {
+			return nil // the node refused the post on the socket: Recv reads why
+		}
+	}
+	ans, onSocket, err := mb.Answer()
+	if err != nil {
+		c.failed = true
+		return err
+	}
+	if !onSocket {
+		c.answerBuf = append(c.answerBuf[:0], ans...)
+		c.answers = c.answerBuf
+	}
+	return nil
+}
+
+// pollAnswer polls mb for the answer to post seq for up to the Conn's
+// spin wait and reports whether it came.
+func (c *Conn) pollAnswer(mb *Mailbox, seq uint64) bool {
+	if mb.Answered(seq) {
+		return true
+	}
+	if c.spinWait <= 0 || c.spinners == nil || !c.spinners.enter() {
+		return false
+	}
+	defer c.spinners.exit()
+	now := time.Now()
+	until := now.Add(c.spinWait)
+	// The node serves a pin or a commit in a microsecond or two: look
+	// without a system call that long, then yield the core between
+	// looks (the node's thread may be waiting for it).
+	for hot, i := now.Add(min(c.spinWait, hotPollTime)), 1; ; i++ {
+		if mb.Answered(seq) {
+			return true
+		}
+		if i%64 == 0 && time.Now().After(hot) {
+			break
+		}
+	}
+	for i := 1; ; i++ {
+		syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		if mb.Answered(seq) {
+			return true
+		}
+		if i%8 == 0 && time.Now().After(until) {
+			return false
+		}
+	}
+}
+
+// hotPollTime is how long a wait for a mailbox answer polls before it
+// starts yielding its core between looks.
+const hotPollTime = 4 * time.Microsecond
+
+// parkForAnswer sleeps on the socket until the answer to post seq is in
+// mb, or a response comes on the socket instead: the client's parked word
+// goes up, the mailbox is looked at once more, and the node, answering,
+// sends a wake (see Mailbox), which is dropped here.
+func (c *Conn) parkForAnswer(mb *Mailbox, seq uint64) error {
+	for {
+		mb.SetClientParked(true)
+		if mb.Answered(seq) {
+			mb.SetClientParked(false)
+			return nil
+		}
+		h, err := c.br.Peek(ResponseHeaderBytes)
+		mb.SetClientParked(false)
+		if err != nil {
+			c.failed = true
+			if mb.Answered(seq) {
+				return nil // answered, then closed (a refusal)
+			}
+			return noEOF(err)
+		}
+		var r Response
+		if _, err := DecodeResponseHeader(h, &r); err != nil || !isWake(&r) {
+			return nil // a response: Recv reads it
+		}
+		c.br.Discard(ResponseHeaderBytes)
+		if mb.Answered(seq) {
+			return nil
+		}
+	}
 }
 
 // Response is the last response Recv read.

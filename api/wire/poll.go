@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -25,11 +26,23 @@ import (
 // request.
 type pollingReader struct {
 	rc       syscall.RawConn
-	spin     func() time.Duration // how long the next read may spin
+	spin     func() time.Duration // how long the next read may spin; nil: never
 	spinners *Spinners
 	// misses counts the spins in a row that timed out; skip is how many
 	// more reads park at once. Reads of one connection are sequential.
 	misses, skip int
+
+	// A SessionReader's: rights has reads take descriptors sent with the
+	// bytes (recvmsg), kept in fds; mbox, while armed, is watched as the
+	// socket is, and a post in it ends a read that finds the socket empty
+	// (ErrMailboxRequest); parked is set while the node's parked word is
+	// raised.
+	rights bool
+	fds    []int
+	oob    []byte
+	mbox   *Mailbox
+	armed  bool
+	parked bool
 }
 
 // Spinners bounds how many polling readers spin at once: half the
@@ -73,6 +86,11 @@ func NewPollingReader(c net.Conn, spin func() time.Duration, sp *Spinners) io.Re
 	return &pollingReader{rc: rc, spin: spin, spinners: sp}
 }
 
+// ErrMailboxRequest is what an armed SessionReader's Read returns when
+// the socket holds nothing and the mailbox holds a post: the caller serves
+// the mailbox, then reads again.
+var ErrMailboxRequest = errors.New("wire: a request waits in the mailbox")
+
 func (r *pollingReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
@@ -80,13 +98,41 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	var n int
 	var rerr error
 	var until time.Time
-	spinning, mayspin := false, r.skip == 0
-	if !mayspin {
+	spinning, mayspin := false, r.spin != nil && r.skip == 0
+	if !mayspin && r.skip > 0 {
 		r.skip--
 	}
+	watch := r.armed && r.mbox != nil
+	posted := false
+	// park is where a read that found nothing stops polling: with a
+	// mailbox watched, the node's parked word goes up first and the
+	// mailbox is looked at once more (see Mailbox), so a post made just
+	// before the word went up is served now and one made after brings an
+	// OpWake.
+	park := func() bool {
+		if watch {
+			r.mbox.SetNodeParked(true)
+			r.parked = true
+			if r.mbox.Pending() {
+				posted = true
+				return true
+			}
+		}
+		return false // sleep until the socket is readable
+	}
 	err := r.rc.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = syscall.Read(int(fd), p)
+		for i := 0; ; i++ {
+			// The mailbox is looked at before the socket: bytes the
+			// client wrote before it posted are then in the socket
+			// already, and are read first. While the mailbox carries
+			// the session's requests, the socket, which carries only
+			// releases and wakes then, is read on every fourth look.
+			pending := watch && r.mbox.Pending()
+			if watch && !pending && i%4 != 0 {
+				rerr = syscall.EAGAIN
+			} else {
+				n, rerr = r.read(int(fd), p)
+			}
 			switch {
 			case rerr == syscall.EINTR:
 				continue
@@ -95,8 +141,14 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 					r.misses = 0 // the spin found its request
 				}
 				return true
+			case pending:
+				if spinning {
+					r.misses = 0
+				}
+				posted = true
+				return true
 			case !mayspin:
-				return false
+				return park()
 			}
 			// Give the core to any thread that is ready to run (the
 			// writer's checksum helper, another client) rather than
@@ -107,7 +159,7 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 			if until.IsZero() {
 				until = now.Add(r.spin())
 				if spinning = r.spinners.enter(); !spinning {
-					return false
+					return park()
 				}
 			} else if now.After(until) {
 				if spinning {
@@ -116,16 +168,22 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 					r.misses++
 					r.skip = 1<<min(r.misses, 6) - 1
 				}
-				return false // sleep until the socket is readable
+				return park()
 			}
 		}
 	})
 	if spinning {
 		r.spinners.exit()
 	}
+	if r.parked {
+		r.mbox.SetNodeParked(false)
+		r.parked = false
+	}
 	switch {
 	case err != nil:
 		return 0, err
+	case posted:
+		return 0, ErrMailboxRequest
 	case rerr != nil:
 		return 0, rerr
 	case n == 0:
@@ -133,3 +191,78 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// read is one read(2) of the socket, or recvmsg(2) keeping any
+// descriptors that came with the bytes.
+func (r *pollingReader) read(fd int, p []byte) (int, error) {
+	if !r.rights {
+		return syscall.Read(fd, p)
+	}
+	if r.oob == nil {
+		r.oob = make([]byte, syscall.CmsgSpace(4*maxDescriptors))
+	}
+	n, oobn, _, _, err := syscall.Recvmsg(fd, p, r.oob, syscall.MSG_CMSG_CLOEXEC)
+	if err != nil || oobn == 0 {
+		return n, err
+	}
+	msgs, perr := syscall.ParseSocketControlMessage(r.oob[:oobn])
+	for i := range msgs {
+		if fds, err := syscall.ParseUnixRights(&msgs[i]); err == nil && perr == nil {
+			r.fds = append(r.fds, fds...)
+		} else if err == nil {
+			closeAll(fds)
+		}
+	}
+	if len(r.fds) > maxDescriptors {
+		// More than any frame sends: a client that sends descriptors
+		// nobody asked for does not make the node hold them.
+		closeAll(r.fds[maxDescriptors:])
+		r.fds = r.fds[:maxDescriptors]
+	}
+	return n, nil
+}
+
+// maxDescriptors bounds the descriptors a SessionReader keeps untaken.
+const maxDescriptors = 2
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+}
+
+// SessionReader is a node's reader of a same-host session's unix socket:
+// a polling reader (see NewPollingReader; no spinning when spin is nil)
+// that also keeps descriptors sent with the bytes (an OpMailbox's memfd)
+// for TakeDescriptors, and, once it watches a mailbox, while armed, ends
+// a read that finds the socket empty and the mailbox posted with
+// ErrMailboxRequest. It is not safe for concurrent use: the session's
+// serve loop owns it.
+type SessionReader struct{ pollingReader }
+
+// NewSessionReader returns the reader of c.
+func NewSessionReader(c *net.UnixConn, spin func() time.Duration, sp *Spinners) (*SessionReader, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return &SessionReader{pollingReader{rc: rc, spin: spin, spinners: sp, rights: true}}, nil
+}
+
+// Watch makes reads watch m (while armed) from now on.
+func (r *SessionReader) Watch(m *Mailbox) { r.mbox = m }
+
+// Arm turns the mailbox watch on or off: the serve loop arms it only
+// between frames, so a post never cuts into a frame read in parts.
+func (r *SessionReader) Arm(on bool) { r.armed = on }
+
+// TakeDescriptors returns the descriptors received and not yet taken; the
+// caller owns them and MUST close them.
+func (r *SessionReader) TakeDescriptors() []int {
+	fds := r.fds
+	r.fds = nil
+	return fds
+}
+
+// Close closes the descriptors nobody took.
+func (r *SessionReader) Close() { closeAll(r.TakeDescriptors()) }

@@ -145,13 +145,21 @@ const (
 	// OpFetch makes a chain of blocks local, pulling from peers what the
 	// node lacks (see fetch.go for its value and its response's).
 	OpFetch
+	// OpMailbox hands the node a same-host session's mailbox (see
+	// Mailbox): a sealed memfd of MailboxBytes, sent with the frame on the
+	// unix socket (SCM_RIGHTS). Only a node whose Info says shm_mailbox
+	// knows it.
+	OpMailbox
+	// OpWake does nothing: a client sends it after posting to the mailbox
+	// of a node that had parked on the socket. It has no response.
+	OpWake
 	opCount
 )
 
 // NumOps bounds Op values: every valid op is below it.
 const NumOps = int(opCount)
 
-var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort", "fetch"}
+var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort", "fetch", "mailbox", "wake"}
 
 func (o Op) String() string {
 	if o < opCount {
@@ -161,7 +169,7 @@ func (o Op) String() string {
 }
 
 // HasResponse reports whether the node answers o.
-func (o Op) HasResponse() bool { return o != OpRelease && o != OpAbort }
+func (o Op) HasResponse() bool { return o != OpRelease && o != OpAbort && o != OpWake }
 
 // Request flags.
 const (
@@ -207,6 +215,10 @@ const (
 	// FlagReserved: a Commit with FlagReserveNext got its spare, named by
 	// the response's Offset and Handle (its size is the block's).
 	FlagReserved = 1 << 2
+	// FlagWake: not an answer to any request, but the node waking a
+	// client that parked on the socket while it waited for an answer in
+	// its mailbox (see Mailbox). A client skips it wherever it comes.
+	FlagWake = 1 << 3
 )
 
 // Request is a decoded request header with its names and key. The byte

@@ -1,0 +1,411 @@
+package wire
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// newTestMailbox maps a fresh shared page pair, as a client would.
+func newTestMailbox(t *testing.T) (*Mailbox, []byte) {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	mb, err := NewMailbox(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mb, mem
+}
+
+func TestMailboxPostTakeRespond(t *testing.T) {
+	if _, err := NewMailbox(make([]byte, MailboxBytes-1)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a short mailbox: %v, want ErrProtocol", err)
+	}
+	mb, mem := newTestMailbox(t)
+	if _, err := NewMailbox(mem[8 : MailboxBytes-56 : MailboxBytes-56]); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a misaligned mailbox: %v", err)
+	}
+	// The node keeps its own count: a client and node that share one
+	// Mailbox value here behave as two mappings would.
+	if mb.Pending() {
+		t.Fatal("a new mailbox has a post pending")
+	}
+	req := AppendRequest(nil, &Request{Op: OpCommit, Handle: 7})
+	seq, parked := mb.Post(req)
+	if seq != 1 || parked || !mb.Pending() || mb.Answered(seq) {
+		t.Fatalf("after a post: seq %d, parked %v, pending %v, answered %v", seq, parked, mb.Pending(), mb.Answered(seq))
+	}
+	buf := make([]byte, MailboxRequestBytes)
+	got, frames, err := mb.Take(buf)
+	if err != nil || got != seq || !bytes.Equal(frames, req) {
+		t.Fatalf("take: %d %x %v", got, frames, err)
+	}
+	mb.SetClientParked(true)
+	resp := AppendResponse(nil, &Response{Handle: 8})
+	onSocket, clientParked := mb.Respond(seq, resp)
+	if onSocket || !clientParked || mb.Pending() || !mb.Answered(seq) {
+		t.Fatalf("respond: onSocket %v clientParked %v pending %v", onSocket, clientParked, mb.Pending())
+	}
+	ans, onSocket, err := mb.Answer()
+	if err != nil || onSocket || !bytes.Equal(ans, resp) {
+		t.Fatalf("answer %x on socket %v: %v", ans, onSocket, err)
+	}
+	mb.SetClientParked(false)
+
+	// The node's parked word reaches the next post.
+	mb.SetNodeParked(true)
+	if seq, parked = mb.Post(req); seq != 2 || !parked {
+		t.Fatalf("post to a parked node: seq %d parked %v", seq, parked)
+	}
+	mb.SetNodeParked(false)
+	// An answer too long for the mailbox is marked as on the socket.
+	if onSocket, _ = mb.Respond(seq, make([]byte, MailboxResponseBytes+1)); !onSocket {
+		t.Fatal("a long answer was not sent to the socket")
+	}
+	if ans, onSocket, err = mb.Answer(); err != nil || !onSocket || ans != nil {
+		t.Fatalf("answer on socket: %x %v %v", ans, onSocket, err)
+	}
+}
+
+// A client that scribbles over the mailbox's length words gets errors,
+// not reads beyond the mailbox.
+func TestMailboxScribbledLengths(t *testing.T) {
+	mb, mem := newTestMailbox(t)
+	mb.Post(nil)
+	mb.u32(mbReqLen).Store(MailboxRequestBytes + 1)
+	if _, _, err := mb.Take(make([]byte, MailboxRequestBytes)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("take of an overlong post: %v", err)
+	}
+	mb.u32(mbReqLen).Store(100)
+	if _, _, err := mb.Take(make([]byte, 50)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("take into a short buffer: %v", err)
+	}
+	mb.Respond(1, nil)
+	mb.u32(mbRespLen).Store(MailboxResponseBytes + 1)
+	if _, _, err := mb.Answer(); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("an overlong answer: %v", err)
+	}
+	if !bytes.Equal(mem[mbResponse+MailboxResponseBytes:], nil) {
+		t.Fatal("the answer area runs past the mailbox")
+	}
+}
+
+// unixPair is a connected pair of unix stream sockets.
+func unixPair(t *testing.T) (client, server *net.UnixConn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "unix")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	client, server = conn(fds[0]), conn(fds[1])
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+// echoNode is a working stand-in for a node's session loop (pool's
+// dataServer.serve): it reads frames with a SessionReader, armed between
+// frames, serves posts from the mailbox the client hands over, and
+// answers every request with its Handle plus one, in the mailbox or on
+// the socket as the request came. It records the ops in the order served.
+type echoNode struct {
+	mu  sync.Mutex
+	ops []string
+	err error
+}
+
+func (e *echoNode) note(how string, r *Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ops = append(e.ops, fmt.Sprintf("%s %s %d", how, r.Op, r.Handle))
+}
+
+func (e *echoNode) serve(c *net.UnixConn, spin time.Duration) {
+	var spinFn func() time.Duration
+	if spin > 0 {
+		spinFn = func() time.Duration { return spin }
+	}
+	sr, err := NewSessionReader(c, spinFn, NewSpinners())
+	if err != nil {
+		e.err = err
+		return
+	}
+	defer sr.Close()
+	br := bufio.NewReader(sr)
+	var mb *Mailbox
+	var mem []byte
+	defer func() {
+		if mem != nil {
+			unix.Munmap(mem)
+		}
+	}()
+	var rbuf [RequestBufferBytes]byte
+	var req Request
+	post := make([]byte, MailboxRequestBytes)
+	for {
+		sr.Arm(true)
+		_, err := br.Peek(1)
+		sr.Arm(false)
+		if errors.Is(err, ErrMailboxRequest) {
+			seq, frames, err := mb.Take(post)
+			if err != nil {
+				e.err = err
+				return
+			}
+			var out []byte
+			rd := bytes.NewReader(frames)
+			for rd.Len() > 0 {
+				if err := ReadRequest(rd, rbuf[:], &req); err != nil {
+					e.err = err
+					return
+				}
+				e.note("mailbox", &req)
+				if req.Op.HasResponse() {
+					out = AppendResponse(out, &Response{Handle: req.Handle + 1, Message: strings.Repeat("x", int(req.ValueLen))})
+				}
+			}
+			onSocket, parked := mb.Respond(seq, out)
+			switch {
+			case onSocket:
+				c.Write(out)
+			case parked:
+				c.Write(AppendResponse(nil, &Response{Flags: FlagWake}))
+			}
+			continue
+		}
+		if err == nil {
+			err = ReadRequest(br, rbuf[:], &req)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				e.err = err
+			}
+			return
+		}
+		e.note("socket", &req)
+		switch req.Op {
+		case OpMailbox:
+			fds := sr.TakeDescriptors()
+			if len(fds) != 1 {
+				e.err = fmt.Errorf("OpMailbox with %d descriptors", len(fds))
+				return
+			}
+			mem, err = unix.Mmap(fds[0], 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			unix.Close(fds[0])
+			if err == nil {
+				mb, err = NewMailbox(mem)
+			}
+			if err != nil {
+				e.err = err
+				return
+			}
+			sr.Watch(mb)
+		case OpWake:
+			continue
+		}
+		if req.Op.HasResponse() {
+			c.Write(AppendResponse(nil, &Response{Handle: req.Handle + 1}))
+		}
+	}
+}
+
+// handOver sends a fresh memfd mailbox to the node as a client does.
+func handOver(t *testing.T, uc *net.UnixConn, c *Conn) *Mailbox {
+	t.Helper()
+	fd, err := unix.MemfdCreate("test-mailbox", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, MailboxBytes); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	mb, err := NewMailbox(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := uc.WriteMsgUnix(AppendRequest(nil, &Request{Op: OpMailbox, Handle: 100}), unix.UnixRights(fd), nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Recv(); err != nil || r.Handle != 101 {
+		t.Fatalf("mailbox hand-over: %+v %v", r, err)
+	}
+	c.UseMailbox(mb)
+	return mb
+}
+
+// Requests and answers pass through the mailbox whether each side polls
+// or parks (every combination of the wake-ups), in order with what goes
+// over the socket, and the Conn reads answers from either.
+func TestConnMailboxRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		nodeSpin, client time.Duration
+	}{
+		{"both poll", 50 * time.Millisecond, 50 * time.Millisecond},
+		{"node parks", 0, 50 * time.Millisecond},
+		{"client parks", 50 * time.Millisecond, 0},
+		{"both park", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cu, su := unixPair(t)
+			node := &echoNode{}
+			done := make(chan struct{})
+			go func() { defer close(done); node.serve(su, tc.nodeSpin) }()
+			c := NewConn(cu, ConnConfig{SpinWait: tc.client, Spinners: NewSpinners()})
+			handOver(t, cu, c)
+			var want []string
+			for i := uint64(1); i <= 200; i++ {
+				// A release queued in front rides in the same post.
+				c.Queue(&Request{Op: OpRelease, Handle: 1000 + i})
+				r, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: i})
+				if err != nil || r.Handle != i+1 {
+					t.Fatalf("round trip %d: %+v %v", i, r, err)
+				}
+				want = append(want, fmt.Sprintf("mailbox release %d", 1000+i), fmt.Sprintf("mailbox commit %d", i))
+				if i%50 == 0 {
+					// Ops that are not the mailbox's go over the socket,
+					// after what was posted before.
+					if r, err = c.RoundTrip(t.Context(), &Request{Op: OpGet, Handle: i}); err != nil || r.Handle != i+1 {
+						t.Fatalf("get %d over the socket: %+v %v", i, r, err)
+					}
+					want = append(want, fmt.Sprintf("socket get %d", i))
+				}
+			}
+			cu.Close()
+			<-done
+			if node.err != nil {
+				t.Fatal(node.err)
+			}
+			var got []string
+			for _, op := range node.ops {
+				if !strings.HasPrefix(op, "socket wake") && !strings.HasPrefix(op, "socket mailbox") {
+					got = append(got, op)
+				}
+			}
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("the node served\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+}
+
+// Posts too long for the mailbox, and answers too long for it, go over
+// the socket; a wake left on the socket is skipped by the next Recv.
+func TestConnMailboxOverflowAndStrayWake(t *testing.T) {
+	cu, su := unixPair(t)
+	node := &echoNode{}
+	done := make(chan struct{})
+	go func() { defer close(done); node.serve(su, 0) }()
+	c := NewConn(cu, ConnConfig{SpinWait: time.Millisecond, Spinners: NewSpinners()})
+	mb := handOver(t, cu, c)
+	// Enough commits that their frames overflow the request area.
+	n := MailboxRequestBytes/RequestHeaderBytes + 1
+	for i := range n {
+		c.Queue(&Request{Op: OpCommit, Handle: uint64(i)})
+	}
+	if err := c.Flush(nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if r, err := c.Recv(); err != nil || r.Handle != uint64(i)+1 {
+			t.Fatalf("response %d: %+v %v", i, r, err)
+		}
+	}
+	// Two answers with long messages overflow the answer area: the node
+	// writes them to the socket, and Recv reads them there.
+	for i := range 2 {
+		c.Queue(&Request{Op: OpCommit, Handle: uint64(i), ValueLen: 3500})
+	}
+	if err := c.Flush(nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if r, err := c.Recv(); err != nil || r.Handle != uint64(i)+1 || len(r.Message) != 3500 {
+			t.Fatalf("long response %d: handle %d, %d-byte message, %v", i, r.Handle, len(r.Message), err)
+		}
+	}
+	if posts := mb.u64(mbReqSeq).Load(); posts != 1 {
+		t.Fatalf("%d posts, want 1 (the overflowing one went over the socket)", posts)
+	}
+	// A stray wake (the node saw the parked word just as the client found
+	// the answer) is skipped.
+	su.Write(AppendResponse(nil, &Response{Flags: FlagWake}))
+	if r, err := c.RoundTrip(t.Context(), &Request{Op: OpGet, Handle: 5}); err != nil || r.Handle != 6 {
+		t.Fatalf("after a stray wake: %+v %v", r, err)
+	}
+	cu.Close()
+	<-done
+	if node.err != nil {
+		t.Fatal(node.err)
+	}
+}
+
+// A session reader keeps descriptors sent with the bytes, at most
+// maxDescriptors, for TakeDescriptors.
+func TestSessionReaderDescriptors(t *testing.T) {
+	cu, su := unixPair(t)
+	sr, err := NewSessionReader(su, nil, NewSpinners())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	for range 3 {
+		fd, err := unix.MemfdCreate("fd", unix.MFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		fds = append(fds, fd)
+	}
+	if _, _, err := cu.WriteMsgUnix([]byte("abc"), unix.UnixRights(fds...), nil); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	if n, err := sr.Read(buf); err != nil || string(buf[:n]) != "abc" {
+		t.Fatalf("read %q %v", buf[:n], err)
+	}
+	got := sr.TakeDescriptors()
+	if len(got) != maxDescriptors {
+		t.Fatalf("kept %d descriptors, want %d", len(got), maxDescriptors)
+	}
+	for _, fd := range got {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatalf("a kept descriptor is not open: %v", err)
+		}
+		unix.Close(fd)
+	}
+	if len(sr.TakeDescriptors()) != 0 {
+		t.Fatal("descriptors taken twice")
+	}
+	sr.Close()
+}

@@ -54,10 +54,14 @@ type shmPath struct {
 	cacheMu sync.RWMutex
 	cache   map[string]location
 
-	mu     sync.Mutex
-	conn   *wire.Conn
-	broken error // set once the session fails; later calls fail fast
-	closed bool
+	mu   sync.Mutex
+	conn *wire.Conn
+	// mbox is the session's mailbox (wire.Mailbox), mapped at mboxMem;
+	// nil when the node offers none or the client declined it.
+	mbox    *wire.Mailbox
+	mboxMem []byte
+	broken  error // set once the session fails; later calls fail fast
+	closed  bool
 	// pending are pin handles released by the caller but not yet sent:
 	// they ride in front of the next request, or go out on their own
 	// after releaseDelay. Waking the node's process once per Get instead
@@ -141,6 +145,12 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 	} else {
 		go s.prefaultMapping(s.stopPrefault, s.prefaulted)
 	}
+	if info.GetShmMailbox() && !cfg.NoShmMailbox {
+		if err := s.openMailbox(ctx, uc); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -194,6 +204,14 @@ func (s *shmPath) close() error {
 		s.flusher.Stop()
 	}
 	err := s.conn.Close()
+	if s.mboxMem != nil {
+		// The node may still write its last answer: the mapping is
+		// shared, so that lands in pages nobody reads.
+		if uerr := unix.Munmap(s.mboxMem); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		s.mbox, s.mboxMem = nil, nil
+	}
 	s.mu.Unlock()
 	close(s.stopPrefault)
 	<-s.prefaulted
@@ -235,6 +253,55 @@ func (s *shmPath) roundTrip(ctx context.Context, r *wire.Request) (wire.Response
 		return err
 	})
 	return out, err
+}
+
+// openMailbox makes the session's mailbox, a sealed memfd, and hands it
+// to the node (wire.OpMailbox). A node that declines it leaves the
+// session on its socket; a session that broke is an error.
+func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn) error {
+	fd, err := unix.MemfdCreate("kvpool-mailbox", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil // no memfds here: the socket serves
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, wire.MailboxBytes); err != nil {
+		return nil
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return nil
+	}
+	mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil
+	}
+	mb, err := wire.NewMailbox(mem)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil
+	}
+	defer s.conn.Bind(ctx)()
+	frame := wire.AppendRequest(nil, &wire.Request{Op: wire.OpMailbox})
+	_, _, err = uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil)
+	if err == nil {
+		_, err = s.conn.Recv()
+	}
+	switch {
+	case err == nil:
+		s.mbox, s.mboxMem = mb, mem
+		s.conn.UseMailbox(mb)
+		return nil
+	case s.conn.Usable():
+		unix.Munmap(mem) // declined: the socket serves
+		return nil
+	case isRemote(err):
+		// The node refuses this caller and ends the session: every
+		// call reports why, as its first request would have.
+		unix.Munmap(mem)
+		s.broken = err
+		return nil
+	}
+	unix.Munmap(mem)
+	return ioError(ctx, "shm mailbox", err)
 }
 
 // queueReleasesLocked queues a release frame for every pending pin.

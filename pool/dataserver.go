@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -103,6 +104,18 @@ type dataConn struct {
 	bufs net.Buffers
 	sess *session
 	junk []byte // scratch for discarded bytes, allocated on first use
+
+	// A same-host session's: sr reads its socket; mbox is the mailbox
+	// its client handed over (OpMailbox), mapped at mboxMem, nil until
+	// then; mreq and mrd hold and read the frames of the post being
+	// served, during which inMailbox holds the answers back from the
+	// socket (see serveMailbox).
+	sr        *wire.SessionReader
+	mbox      *wire.Mailbox
+	mboxMem   []byte
+	mreq      []byte
+	mrd       bytes.Reader
+	inMailbox bool
 }
 
 // session is what one connection holds: pins and reservations taken by a
@@ -125,6 +138,9 @@ type session struct {
 	// spares counts the node's spares (dataServer.spares); nil outside a
 	// data server.
 	spares *atomic.Int64
+	// shm: the session came through the shm socket, and may hand over a
+	// mailbox.
+	shm bool
 }
 
 func newSession() *session {
@@ -193,6 +209,7 @@ func (s *session) ungrant(g *grants, handle uint64, last bool) {
 // descriptors, then serves its session.
 func (s *dataServer) serveShm(c *net.UnixConn) {
 	sess := newSession()
+	sess.shm = true
 	if s.gate != nil && !s.gate.open {
 		sess.caller, sess.callerErr = localCaller(c, s.gate.shmAllow)
 	}
@@ -262,13 +279,37 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 			return s.spinWait
 		}
 	}
-	d.br = bufio.NewReaderSize(wire.NewPollingReader(c, spin, s.spinners), 64<<10)
+	if uc, ok := c.(*net.UnixConn); ok && sess.shm {
+		sr, err := wire.NewSessionReader(uc, spin, s.spinners)
+		if err != nil {
+			s.log.Warn("shm session", "err", err)
+			return
+		}
+		d.sr = sr
+		d.br = bufio.NewReaderSize(sr, 64<<10)
+		defer d.closeMailbox()
+	} else {
+		d.br = bufio.NewReaderSize(wire.NewPollingReader(c, spin, s.spinners), 64<<10)
+	}
 	defer sess.end(s.store, s.grants)
 	for ctx.Err() == nil {
 		// Idle between frames for up to idleTimeout; once a frame's first
-		// byte is in, the rest of it has ioTimeout.
+		// byte is in, the rest of it has ioTimeout. Only here, between
+		// frames, may a read end for a post in the mailbox.
 		c.SetReadDeadline(time.Now().Add(s.idleTimeout))
+		d.arm(true)
 		_, err := d.br.Peek(1)
+		d.arm(false)
+		if errors.Is(err, wire.ErrMailboxRequest) {
+			c.SetDeadline(time.Now().Add(s.ioTimeout))
+			if err := d.serveMailbox(); err != nil {
+				if !errors.Is(err, errRefused) {
+					s.log.Warn("closing a same-host session after its mailbox's post", "err", err)
+				}
+				return
+			}
+			continue
+		}
 		if err == nil {
 			c.SetReadDeadline(time.Now().Add(s.ioTimeout))
 			err = wire.ReadRequest(d.br, d.rbuf[:], &d.req)
@@ -360,7 +401,11 @@ func (d *dataConn) handle() error {
 	if err := d.authorize(); err != nil {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		d.respondClose(err)
-		d.linger()
+		if !d.inMailbox {
+			// (A post's answer is in the mailbox, which a reset of the
+			// socket does not touch.)
+			d.linger()
+		}
 		return errRefused
 	}
 	switch r.Op {
@@ -378,6 +423,12 @@ func (d *dataConn) handle() error {
 		return d.sink()
 	case wire.OpFetch:
 		return d.fetchChain()
+	case wire.OpMailbox:
+		err := d.openMailbox()
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		return d.respond(err, &wire.Response{})
+	case wire.OpWake:
+		return nil // it woke the serve loop, which serves the mailbox next
 	case wire.OpView:
 		pin, err := d.acquire()
 		if err != nil {
@@ -416,9 +467,11 @@ func (d *dataConn) handle() error {
 		tenant, namespace, _ := res.Name()
 		if len(r.Key) > 0 {
 			// A spare reserved ahead, named now (see FlagReserveNext).
-			err := api.Errorf(api.ErrInvalidArgument, "pool: reservation %d is for %s/%s, not %s/%s", r.Handle, tenant, namespace, r.Tenant, r.Namespace)
+			var err error
 			if string(r.Tenant) == tenant && string(r.Namespace) == namespace {
 				err = st.Rekey(res, r.Key)
+			} else {
+				err = api.Errorf(api.ErrInvalidArgument, "pool: reservation %d is for %s/%s, not %s/%s", r.Handle, tenant, namespace, r.Tenant, r.Namespace)
 			}
 			if err != nil {
 				d.s.metrics.dataOp(r.Op, api.Code(err))
@@ -522,7 +575,7 @@ func (d *dataConn) respond(err error, resp *wire.Response) error {
 
 // flush writes the queued responses.
 func (d *dataConn) flush() error {
-	if len(d.out) == 0 {
+	if len(d.out) == 0 || d.inMailbox {
 		return nil
 	}
 	_, err := d.c.Write(d.out)

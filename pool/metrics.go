@@ -40,6 +40,7 @@ type metrics struct {
 	draining         prometheus.Gauge
 	arenaPopulated   prometheus.Gauge
 	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
+	mailboxPosts     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -108,6 +109,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_pool_drained_blocks_total",
 			Help: "Blocks in memory when the node drained, by outcome: replicated (another live node held them), handed_off (a peer pulled them), kept (only this node held them when the drain ended).",
 		}, []string{"outcome"}),
+		mailboxPosts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpool_pool_shm_mailbox_posts_total",
+			Help: "Posts served from same-host sessions' mailboxes, the memory a session shares with the node for its small requests (pins, reservations, commits, removes) and their answers, instead of its unix socket. Each post is one or more requests; they are counted in kvpool_pool_requests_total{path=\"data\"} too.",
+		}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",
@@ -120,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 	for _, o := range []string{"replicated", "handed_off", "kept"} {
 		m.drainedBlocks.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

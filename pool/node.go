@@ -357,6 +357,7 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 		CapacityBytes: uint64(n.cfg.CapacityBytes),
 		ReserveAhead:  true,
 		FetchFrames:   true,
+		ShmMailbox:    true,
 	}
 }
 

@@ -53,6 +53,9 @@ type Config struct {
 	// NoLocationCache makes every shared-memory Get ask the node, instead
 	// of copying blocks this client read before straight from the segment.
 	NoLocationCache bool
+	// NoShmMailbox keeps the shm sessions' round trips on their unix
+	// sockets (api.ClientConfig.NoShmMailbox).
+	NoShmMailbox bool
 	// Batch, with Op put, is how many blocks each call stores: above 1,
 	// each client calls PutMany with Batch distinct source buffers (an
 	// engine saving a request's blocks), and the memcpy baseline copies
@@ -159,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, SpinWait: cfg.ClientSpinWait})
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, NoShmMailbox: cfg.NoShmMailbox, SpinWait: cfg.ClientSpinWait})
 		if err != nil {
 			return nil, err
 		}

@@ -1789,7 +1789,11 @@ type InfoResponse struct {
 	ReserveAhead bool `protobuf:"varint,10,opt,name=reserve_ahead,json=reserveAhead,proto3" json:"reserve_ahead,omitempty"`
 	// Whether the data channel serves Fetch frames: a client then fetches
 	// over it instead of the gRPC Fetch, which costs a call's overhead.
-	FetchFrames   bool `protobuf:"varint,11,opt,name=fetch_frames,json=fetchFrames,proto3" json:"fetch_frames,omitempty"`
+	FetchFrames bool `protobuf:"varint,11,opt,name=fetch_frames,json=fetchFrames,proto3" json:"fetch_frames,omitempty"`
+	// Whether a same-host session may hand the node a mailbox (the data
+	// channel's OpMailbox): requests and answers then pass through memory
+	// both share, with no system call while the node polls.
+	ShmMailbox    bool `protobuf:"varint,12,opt,name=shm_mailbox,json=shmMailbox,proto3" json:"shm_mailbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1897,6 +1901,13 @@ func (x *InfoResponse) GetReserveAhead() bool {
 func (x *InfoResponse) GetFetchFrames() bool {
 	if x != nil {
 		return x.FetchFrames
+	}
+	return false
+}
+
+func (x *InfoResponse) GetShmMailbox() bool {
+	if x != nil {
+		return x.ShmMailbox
 	}
 	return false
 }
@@ -3394,7 +3405,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
 	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
 	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
-	"\vInfoRequest\"\xf6\x02\n" +
+	"\vInfoRequest\"\x97\x03\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -3409,7 +3420,9 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\t \x01(\x04R\rcapacityBytes\x12#\n" +
 	"\rreserve_ahead\x18\n" +
 	" \x01(\bR\freserveAhead\x12!\n" +
-	"\ffetch_frames\x18\v \x01(\bR\vfetchFrames\"\xbd\x01\n" +
+	"\ffetch_frames\x18\v \x01(\bR\vfetchFrames\x12\x1f\n" +
+	"\vshm_mailbox\x18\f \x01(\bR\n" +
+	"shmMailbox\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +

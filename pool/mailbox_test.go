@@ -1,0 +1,298 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/wire"
+	"github.com/kvpool/kvpool/internal/eventually"
+)
+
+// A same-host client's pins, reservations, commits and removes go
+// through its mailbox whether the node and the client poll or park, and
+// every byte comes back.
+func TestShmMailbox(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		node, client time.Duration // spin waits; negative: never spin
+	}{
+		{"both poll", 0, 0},
+		{"node parks", -1, 0},
+		{"client parks", 0, -1},
+		{"both park", -1, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startNode(t, func(c *Config) { c.SpinWait = tc.node })
+			ctx := context.Background()
+			c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, SpinWait: tc.client, NoLocationCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			before := testutil.ToFloat64(n.metrics.mailboxPosts)
+			for i := range 40 {
+				k := api.BlockKey{Tenant: "t", Namespace: "n", Key: fmt.Appendf(nil, "k%d", i)}
+				v := value(uint64(i), 1000+i*997)
+				if err := c.Put(ctx, k, v); err != nil {
+					t.Fatal(err)
+				}
+				got, err := c.GetValue(ctx, k)
+				if err != nil || !bytes.Equal(got, v) {
+					t.Fatalf("get %d: %v", i, err)
+				}
+				view, err := c.View(ctx, k)
+				if err != nil || !bytes.Equal(view.Bytes(), v) {
+					t.Fatalf("view %d: %v", i, err)
+				}
+				view.Close()
+				if i%2 == 0 {
+					if err := c.Remove(ctx, k); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if _, err := c.GetValue(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("k0")}); !errors.Is(err, api.ErrNotFound) {
+				t.Fatalf("get of a removed block: %v, want ErrNotFound", err)
+			}
+			keys := [][]byte{[]byte("m0"), []byte("m1"), []byte("m2")}
+			vals := [][]byte{value(100, 5000), value(101, 6000), value(102, 7000)}
+			if errs, err := c.PutMany(ctx, "t", "n", keys, vals); err != nil || errors.Join(errs...) != nil {
+				t.Fatalf("put many: %v %v", errs, err)
+			}
+			for i, k := range keys {
+				if got, err := c.GetValue(ctx, api.BlockKey{Tenant: "t", Namespace: "n", Key: k}); err != nil || !bytes.Equal(got, vals[i]) {
+					t.Fatalf("get %s: %v", k, err)
+				}
+			}
+			// Puts, gets, views and removes: at least one post each.
+			if posts := testutil.ToFloat64(n.metrics.mailboxPosts) - before; posts < 40*3 {
+				t.Fatalf("%v mailbox posts, want at least 120", posts)
+			}
+		})
+	}
+}
+
+// rawShmSession opens a session on n's shm socket without a client: the
+// Hello's descriptors are closed, the connection is the caller's.
+func rawShmSession(t *testing.T, n *Node) (*net.UnixConn, *wire.Conn) {
+	t.Helper()
+	nc, err := net.Dial("unix", n.ShmSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc := nc.(*net.UnixConn)
+	t.Cleanup(func() { uc.Close() })
+	var h wire.Hello
+	fds, err := wire.ReceiveHello(uc, &h, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return uc, wire.NewConn(uc, wire.ConnConfig{})
+}
+
+// mailboxFile makes a memfd of size bytes, sealed against shrinking when
+// sealed is set.
+func mailboxFile(t *testing.T, size int64, sealed bool) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("test-mailbox", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Fatal(err)
+	}
+	if sealed {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fd
+}
+
+// handOverMailbox sends OpMailbox with fds attached and returns the
+// node's answer.
+func handOverMailbox(t *testing.T, uc *net.UnixConn, c *wire.Conn, fds ...int) (*wire.Response, error) {
+	t.Helper()
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := uc.WriteMsgUnix(wire.AppendRequest(nil, &wire.Request{Op: wire.OpMailbox}), oob, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c.Recv()
+}
+
+// A node takes only a sealed memfd of the mailbox's size, once per
+// session, and says why it refuses anything else; the session goes on.
+func TestShmMailboxHandOverRefusals(t *testing.T) {
+	n := startNode(t)
+	uc, c := rawShmSession(t, n)
+	for _, tc := range []struct {
+		name string
+		fds  []int
+		code codes.Code
+	}{
+		{"no descriptor", nil, codes.InvalidArgument},
+		{"two descriptors", []int{mailboxFile(t, wire.MailboxBytes, true), mailboxFile(t, wire.MailboxBytes, true)}, codes.InvalidArgument},
+		{"not sealed", []int{mailboxFile(t, wire.MailboxBytes, false)}, codes.InvalidArgument},
+		{"wrong size", []int{mailboxFile(t, 4096, true)}, codes.InvalidArgument},
+		{"good", []int{mailboxFile(t, wire.MailboxBytes, true)}, codes.OK},
+		{"a second one", []int{mailboxFile(t, wire.MailboxBytes, true)}, codes.FailedPrecondition},
+	} {
+		resp, err := handOverMailbox(t, uc, c, tc.fds...)
+		if resp == nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if codes.Code(resp.Status) != tc.code || !c.Usable() {
+			t.Fatalf("%s: status %d (%s), usable %v; want %s", tc.name, resp.Status, resp.Message, c.Usable(), tc.code)
+		}
+	}
+	// Over TCP there is no mailbox to take.
+	dc, err := wire.Dial(context.Background(), n.Addr().String(), wire.ConnConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	if _, err := dc.RoundTrip(context.Background(), &wire.Request{Op: wire.OpMailbox}); err == nil {
+		t.Fatal("a TCP session took a mailbox")
+	}
+}
+
+// A post the node cannot serve (a malformed frame, an op that streams a
+// value, a length past the request area) is answered with FlagClose and
+// ends the session; the node's books stay balanced.
+func TestShmMailboxBadPostsCloseTheSession(t *testing.T) {
+	n := startNode(t)
+	for _, tc := range []struct {
+		name string
+		post func(mem []byte, mb *wire.Mailbox)
+	}{
+		{"an op that streams a value", func(_ []byte, mb *wire.Mailbox) {
+			mb.Post(wire.AppendRequest(nil, &wire.Request{Op: wire.OpGet, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")}))
+		}},
+		{"a truncated frame", func(_ []byte, mb *wire.Mailbox) {
+			mb.Post(wire.AppendRequest(nil, &wire.Request{Op: wire.OpView, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")})[:20])
+		}},
+		{"garbage", func(_ []byte, mb *wire.Mailbox) { mb.Post(bytes.Repeat([]byte{0xff}, 100)) }},
+		{"a length past the request area", func(mem []byte, mb *wire.Mailbox) {
+			mb.Post(nil)
+			mem[8], mem[9], mem[10], mem[11] = 0xff, 0xff, 0xff, 0x7f // the request length word
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			uc, c := rawShmSession(t, n)
+			// Something the session holds, which its end must release.
+			if _, err := c.RoundTrip(context.Background(), &wire.Request{Op: wire.OpReserve, ValueLen: 4096, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("held")}); err != nil {
+				t.Fatal(err)
+			}
+			fd := mailboxFile(t, wire.MailboxBytes, true)
+			if resp, err := handOverMailbox(t, uc, c, fd); err != nil {
+				t.Fatalf("hand-over: %+v %v", resp, err)
+			}
+			mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Munmap(mem)
+			mb, err := wire.NewMailbox(mem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.post(mem, mb)
+			if _, err := uc.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpWake})); err != nil {
+				t.Fatal(err) // in case the node had parked
+			}
+			eventually.True(t, "the node to answer the post", 10*time.Second, func() bool { return mb.Answered(1) })
+			ans, onSocket, err := mb.Answer()
+			if err != nil || onSocket {
+				t.Fatalf("answer: %v on socket %v", err, onSocket)
+			}
+			var resp wire.Response
+			if _, err := wire.DecodeResponseHeader(ans, &resp); err != nil {
+				t.Fatal(err)
+			}
+			if codes.Code(resp.Status) != codes.InvalidArgument || resp.Flags&wire.FlagClose == 0 {
+				t.Fatalf("answer status %d flags %#x, want InvalidArgument with FlagClose", resp.Status, resp.Flags)
+			}
+			// The node closes the session: whatever else it wrote, then EOF.
+			uc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			// (Reset, when the node closed with the wake unread.)
+			if _, err := io.Copy(io.Discard, uc); err != nil && !errors.Is(err, unix.ECONNRESET) {
+				t.Fatalf("the session did not end: %v", err)
+			}
+			eventually.True(t, "the session's reservation to be aborted", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
+		})
+	}
+	if err := n.Store().Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzShmMailboxPost posts arbitrary bytes to a session's mailbox: the
+// node must answer or end the session, never panic, and keep its books
+// balanced once the session is gone.
+func FuzzShmMailboxPost(f *testing.F) {
+	name := func(r wire.Request) wire.Request {
+		r.Tenant, r.Namespace, r.Key = []byte("t"), []byte("n"), []byte("k")
+		return r
+	}
+	reserve := name(wire.Request{Op: wire.OpReserve, ValueLen: 4096})
+	view := name(wire.Request{Op: wire.OpView})
+	f.Add(wire.AppendRequest(nil, &reserve))
+	f.Add(wire.AppendRequest(wire.AppendRequest(nil, &reserve), &wire.Request{Op: wire.OpCommit, Handle: 1}))
+	f.Add(wire.AppendRequest(wire.AppendRequest(nil, &wire.Request{Op: wire.OpRelease, Handle: 9}), &view))
+	f.Add(wire.AppendRequest(nil, &wire.Request{Op: wire.OpAbort, Handle: 3}))
+	f.Add([]byte{})
+	n := startNode(f)
+	f.Fuzz(func(t *testing.T, post []byte) {
+		if len(post) > wire.MailboxRequestBytes {
+			post = post[:wire.MailboxRequestBytes]
+		}
+		uc, c := rawShmSession(t, n)
+		fd := mailboxFile(t, wire.MailboxBytes, true)
+		if _, err := handOverMailbox(t, uc, c, fd); err != nil {
+			t.Fatal(err)
+		}
+		mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(mem)
+		mb, err := wire.NewMailbox(mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mb.Post(post)
+		uc.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpWake}))
+		// Answered, or the session ended.
+		buf := make([]byte, 64)
+		for end := time.Now().Add(10 * time.Second); !mb.Answered(1) && time.Now().Before(end); {
+			uc.SetReadDeadline(time.Now().Add(time.Millisecond))
+			if _, err := uc.Read(buf); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+		}
+		uc.Close()
+		eventually.True(t, "the session's reservations to be released", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
+		if err := n.Store().Check(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -555,6 +555,9 @@ func TestBenchSmoke(t *testing.T) {
 		// A batched put over shm, two clients: each client's sources
 		// and the baseline's, made before the clock starts.
 		{"--op", "put", "--path", "shm", "--clients", "2", "--batch", "2", "--block-size", "1MiB"},
+		// The same-host session on its socket alone, the A/B of the
+		// mailbox.
+		{"--op", "put", "--path", "shm", "--no-shm-mailbox", "--block-size", "1MiB"},
 		// Fetches between two nodes: the streaming baseline and the
 		// request/response floor.
 		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB"},

@@ -56,9 +56,8 @@ type shmPath struct {
 
 	mu   sync.Mutex
 	conn *wire.Conn
-	// mbox is the session's mailbox (wire.Mailbox), mapped at mboxMem;
-	// nil when the node offers none or the client declined it.
-	mbox    *wire.Mailbox
+	// mboxMem maps the session's mailbox (wire.Mailbox, which conn
+	// uses); nil when the node offers none or the client declined it.
 	mboxMem []byte
 	broken  error // set once the session fails; later calls fail fast
 	closed  bool
@@ -210,7 +209,7 @@ func (s *shmPath) close() error {
 		if uerr := unix.Munmap(s.mboxMem); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
-		s.mbox, s.mboxMem = nil, nil
+		s.mboxMem = nil
 	}
 	s.mu.Unlock()
 	close(s.stopPrefault)
@@ -274,9 +273,14 @@ func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn) error {
 	if err != nil {
 		return nil
 	}
+	kept := false
+	defer func() {
+		if !kept {
+			unix.Munmap(mem)
+		}
+	}()
 	mb, err := wire.NewMailbox(mem)
 	if err != nil {
-		unix.Munmap(mem)
 		return nil
 	}
 	defer s.conn.Bind(ctx)()
@@ -287,20 +291,17 @@ func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn) error {
 	}
 	switch {
 	case err == nil:
-		s.mbox, s.mboxMem = mb, mem
+		kept, s.mboxMem = true, mem
 		s.conn.UseMailbox(mb)
 		return nil
 	case s.conn.Usable():
-		unix.Munmap(mem) // declined: the socket serves
-		return nil
+		return nil // declined: the socket serves
 	case isRemote(err):
 		// The node refuses this caller and ends the session: every
 		// call reports why, as its first request would have.
-		unix.Munmap(mem)
 		s.broken = err
 		return nil
 	}
-	unix.Munmap(mem)
 	return ioError(ctx, "shm mailbox", err)
 }
 

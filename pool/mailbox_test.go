@@ -139,6 +139,28 @@ func handOverMailbox(t *testing.T, uc *net.UnixConn, c *wire.Conn, fds ...int) (
 	return c.Recv()
 }
 
+// mailboxSession opens a raw session on n's shm socket and hands the node
+// a mailbox, which it returns mapped here (with its memory, for tests
+// that scribble over it).
+func mailboxSession(t *testing.T, n *Node) (*net.UnixConn, *wire.Conn, *wire.Mailbox, []byte) {
+	t.Helper()
+	uc, c := rawShmSession(t, n)
+	fd := mailboxFile(t, wire.MailboxBytes, true)
+	if resp, err := handOverMailbox(t, uc, c, fd); err != nil {
+		t.Fatalf("hand-over: %+v %v", resp, err)
+	}
+	mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	mb, err := wire.NewMailbox(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc, c, mb, mem
+}
+
 // A node takes only a sealed memfd of the mailbox's size, once per
 // session, and says why it refuses anything else; the session goes on.
 func TestShmMailboxHandOverRefusals(t *testing.T) {
@@ -197,22 +219,10 @@ func TestShmMailboxBadPostsCloseTheSession(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			uc, c := rawShmSession(t, n)
-			// Something the session holds, which its end must release.
+			uc, c, mb, mem := mailboxSession(t, n)
+			// Something the session holds, which its end must release
+			// (over the socket: the Conn does not use the mailbox).
 			if _, err := c.RoundTrip(context.Background(), &wire.Request{Op: wire.OpReserve, ValueLen: 4096, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("held")}); err != nil {
-				t.Fatal(err)
-			}
-			fd := mailboxFile(t, wire.MailboxBytes, true)
-			if resp, err := handOverMailbox(t, uc, c, fd); err != nil {
-				t.Fatalf("hand-over: %+v %v", resp, err)
-			}
-			mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer unix.Munmap(mem)
-			mb, err := wire.NewMailbox(mem)
-			if err != nil {
 				t.Fatal(err)
 			}
 			tc.post(mem, mb)
@@ -265,20 +275,7 @@ func FuzzShmMailboxPost(f *testing.F) {
 		if len(post) > wire.MailboxRequestBytes {
 			post = post[:wire.MailboxRequestBytes]
 		}
-		uc, c := rawShmSession(t, n)
-		fd := mailboxFile(t, wire.MailboxBytes, true)
-		if _, err := handOverMailbox(t, uc, c, fd); err != nil {
-			t.Fatal(err)
-		}
-		mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Munmap(mem)
-		mb, err := wire.NewMailbox(mem)
-		if err != nil {
-			t.Fatal(err)
-		}
+		uc, _, mb, _ := mailboxSession(t, n)
 		mb.Post(post)
 		uc.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpWake}))
 		// Answered, or the session ended.

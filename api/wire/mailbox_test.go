@@ -18,9 +18,17 @@ import (
 )
 
 // newTestMailbox maps a fresh shared page pair, as a client would.
-func newTestMailbox(t *testing.T) (*Mailbox, []byte) {
+func newTestMailbox(t *testing.T) (*Mailbox, []byte) { return mapTestMailbox(t, -1) }
+
+// mapTestMailbox maps fd (anonymous memory when -1) as a Mailbox, until
+// the test ends.
+func mapTestMailbox(t *testing.T, fd int) (*Mailbox, []byte) {
 	t.Helper()
-	mem, err := unix.Mmap(-1, 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANON)
+	flags := unix.MAP_SHARED
+	if fd < 0 {
+		flags |= unix.MAP_ANON
+	}
+	mem, err := unix.Mmap(fd, 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,15 +251,7 @@ func handOver(t *testing.T, uc *net.UnixConn, c *Conn) *Mailbox {
 	if err := unix.Ftruncate(fd, MailboxBytes); err != nil {
 		t.Fatal(err)
 	}
-	mem, err := unix.Mmap(fd, 0, MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
-	mb, err := NewMailbox(mem)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mb, _ := mapTestMailbox(t, fd)
 	if _, _, err := uc.WriteMsgUnix(AppendRequest(nil, &Request{Op: OpMailbox, Handle: 100}), unix.UnixRights(fd), nil); err != nil {
 		t.Fatal(err)
 	}

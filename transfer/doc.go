@@ -18,8 +18,8 @@
 // and the bytes move without the holder's CPU touching them beyond the
 // kernel copy (tcp), a stream (grpc) or a memcpy by the reader (shm).
 //
-// Three transports implement it: TCP (framed requests striped over a few
-// connections per peer), GRPC (streams with a raw-bytes codec) and SHM
+// Three transports implement it: TCP (framed requests spread over a few
+// connections per peer, each pulling the next as it drains), GRPC (streams with a raw-bytes codec) and SHM
 // (peers on the same host, read by mapping their memory). Protocol names
 // them in a node's configuration. Faulty wraps any of them to inject
 // faults in tests. Ops fail with ErrNoRegion, ErrPeer or ErrClosed, which

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,11 +26,21 @@ var TCPPreamble = [8]byte{'K', 'V', 'P', 'T', 1, 0, 0, 0}
 // TCPConfig configures the tcp transport.
 type TCPConfig struct {
 	// ConnsPerPeer is how many connections carry each peer's traffic;
-	// slices of a batch are striped across them. Default 2.
+	// each takes the next slice of the peer's queue as its window allows.
+	// Default 2.
 	ConnsPerPeer int
 	// SliceBytes cuts ops into slices of at most this many bytes, so one
-	// large op spreads over every connection. Default 1 MiB.
+	// large op spreads over every connection, and the last slices of a
+	// batch are small enough to share out evenly. Default 512 KiB.
 	SliceBytes int
+	// WindowBytes bounds what each connection has asked its peer for and
+	// whose response has not begun to arrive (one slice at least). Slices
+	// beyond it wait in the peer's queue and go to whichever connection
+	// drains first, so a batch's connections finish together: a peer
+	// that fills one socket far ahead of the other no longer leaves a
+	// core idle while the other drains its share. Default 1 MiB: two
+	// slices, so the peer has the next request when it finishes one.
+	WindowBytes int
 	// DialTimeout bounds connecting to a peer. Default 2 s.
 	DialTimeout time.Duration
 	// IdleTimeout closes a served connection that sends no request for
@@ -77,7 +88,10 @@ func NewTCP(cfg TCPConfig) *TCP {
 		cfg.ConnsPerPeer = 2
 	}
 	if cfg.SliceBytes <= 0 {
-		cfg.SliceBytes = 1 << 20
+		cfg.SliceBytes = 512 << 10
+	}
+	if cfg.WindowBytes <= 0 {
+		cfg.WindowBytes = 1 << 20
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
@@ -130,14 +144,19 @@ type opState struct {
 // slice is one request on one connection: a piece of an op.
 type slice struct {
 	op     *opState
+	conn   *tcpConn // the connection it was given to; nil while queued (guarded by the peer's mu)
 	kind   Kind
 	region RegionID
 	offset uint64
 	local  []byte
 	crc    uint32 // of what a checksummed read received
+	// finished is set once its outcome is in: a cancelled batch breaks
+	// only connections that still carry an unfinished slice of it.
+	finished atomic.Bool
 }
 
 func (s *slice) finish(err error) {
+	s.finished.Store(true)
 	o := s.op
 	if err != nil {
 		o.err.CompareAndSwap(nil, &err)
@@ -164,12 +183,11 @@ func (s *slice) finish(err error) {
 func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 	b := NewBatch(len(ops))
 	// One allocation per op for its slices: none per slice.
-	type route struct {
-		conn *tcpConn
-		s    []*slice
-	}
-	var routes []route
-	byConn := map[*tcpConn]int{}
+	var (
+		peers  []*tcpPeer
+		queued [][]*slice // per peer, in op order
+		states []*opState
+	)
 	for i, op := range ops {
 		if op.Kind != Read && op.Kind != Write {
 			b.Complete(i, 0, fmt.Errorf("transfer: op %d: kind %v", i, op.Kind))
@@ -180,33 +198,34 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 			b.Complete(i, 0, err)
 			continue
 		}
+		k := slices.Index(peers, peer)
+		if k < 0 {
+			k = len(peers)
+			peers, queued = append(peers, peer), append(queued, nil)
+		}
 		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
 		o := &opState{b: b, i: i, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read, slices: make([]slice, pieces)}
 		o.left.Store(int32(pieces))
+		states = append(states, o)
 		for p := range pieces {
 			lo := min(p*t.cfg.SliceBytes, len(op.Local))
 			hi := min(lo+t.cfg.SliceBytes, len(op.Local))
 			o.slices[p] = slice{op: o, kind: op.Kind, region: op.Region, offset: op.Offset + uint64(lo), local: op.Local[lo:hi:hi]}
-			c := peer.next()
-			k, ok := byConn[c]
-			if !ok {
-				k = len(routes)
-				byConn[c] = k
-				routes = append(routes, route{conn: c})
-			}
-			routes[k].s = append(routes[k].s, &o.slices[p])
+			queued[k] = append(queued[k], &o.slices[p])
 		}
 	}
-	for _, r := range routes {
-		r.conn.enqueue(r.s)
+	for k, p := range peers {
+		p.submit(queued[k])
 	}
-	if ctx.Done() != nil && len(routes) > 0 {
+	if ctx.Done() != nil && len(peers) > 0 {
 		stop := context.AfterFunc(ctx, func() {
 			// Like an RDMA queue pair going to the error state: the
 			// connections carrying this batch are torn down and every op
 			// on them fails (other batches on them too; they may retry).
-			for _, r := range routes {
-				r.conn.fail(fmt.Errorf("transfer: %w", ctx.Err()))
+			// Its slices still queued fail without being sent.
+			err := fmt.Errorf("transfer: %w", ctx.Err())
+			for _, p := range peers {
+				p.cancel(b, states, err)
 			}
 		})
 		// Disarmed before Wait returns: a caller that cancels its context
@@ -217,13 +236,15 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 	return b
 }
 
-// tcpPeer holds the connections to one peer.
+// tcpPeer holds the connections to one peer and the slices waiting for
+// room in their windows. Connections pull the next slice as they finish
+// one (pump), so none runs dry while another still has a backlog.
 type tcpPeer struct {
 	t     *TCP
 	addr  string
 	mu    sync.Mutex
 	conns []*tcpConn
-	rr    atomic.Uint32
+	queue []*slice // submitted, given to no connection yet, in order
 }
 
 func (t *TCP) peer(addr string) (*tcpPeer, error) {
@@ -240,18 +261,123 @@ func (t *TCP) peer(addr string) (*tcpPeer, error) {
 	return p, nil
 }
 
-// next returns a connection round-robin, replacing a broken one with a new
-// one (dialed by its own goroutine).
-func (p *tcpPeer) next() *tcpConn {
-	i := int(p.rr.Add(1)) % len(p.conns)
+// submit queues q and gives connections what fits their windows.
+func (p *tcpPeer) submit(q []*slice) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.conns[i]
-	if c == nil || c.broken.Load() {
-		c = newTCPConn(p.t, p.addr)
-		p.conns[i] = c
+	p.queue = append(p.queue, q...)
+	p.mu.Unlock()
+	p.pump()
+}
+
+// pump gives queued slices to connections with room in their windows,
+// one slice per connection in turn so a batch spreads over all of them,
+// and sends them. A broken (or never dialed) connection is replaced by a
+// new one, dialed by its own goroutine; once the transport is closed the
+// replacement is broken too, and the queue fails with ErrClosed.
+func (p *tcpPeer) pump() {
+	window := p.t.cfg.WindowBytes
+	var give [][]*slice // per connection
+	closed := false
+	p.mu.Lock()
+	for more := len(p.queue) > 0; more && !closed; {
+		more = false
+		for i := range p.conns {
+			if len(p.queue) == 0 {
+				break
+			}
+			c := p.conns[i]
+			if c == nil || c.broken.Load() {
+				c = newTCPConn(p.t, p)
+				p.conns[i] = c
+				if c.broken.Load() {
+					closed = true // the transport is closed
+					break
+				}
+			}
+			s := p.queue[0]
+			if c.given > 0 && c.given+len(s.local) > window {
+				continue
+			}
+			if give == nil {
+				give = make([][]*slice, len(p.conns))
+			}
+			p.queue[0] = nil
+			p.queue = p.queue[1:]
+			c.given += len(s.local)
+			s.conn = c
+			give[i] = append(give[i], s)
+			more = true
+		}
 	}
-	return c
+	if len(p.queue) == 0 {
+		p.queue = nil
+	}
+	conns := append([]*tcpConn(nil), p.conns...)
+	p.mu.Unlock()
+	for i, q := range give {
+		if len(q) > 0 {
+			conns[i].enqueue(q)
+		}
+	}
+	if closed {
+		p.failQueue(ErrClosed)
+	}
+}
+
+// done returns s's bytes to its connection's window once its response
+// has begun to arrive, and gives the room to the next queued slice.
+func (p *tcpPeer) done(s *slice) {
+	p.mu.Lock()
+	s.conn.given -= len(s.local)
+	more := len(p.queue) > 0
+	p.mu.Unlock()
+	if more {
+		p.pump()
+	}
+}
+
+// failQueue fails every queued slice with err: the peer could not be
+// reached, and the slices behind would meet the same.
+func (p *tcpPeer) failQueue(err error) {
+	p.mu.Lock()
+	q := p.queue
+	p.queue = nil
+	p.mu.Unlock()
+	for _, s := range q {
+		s.finish(err)
+	}
+}
+
+// cancel fails b's slices still queued, and breaks the connections that
+// carry an unfinished slice of it (states are b's ops). They are marked
+// broken under mu, so no slice given after this reaches them.
+func (p *tcpPeer) cancel(b *Batch, states []*opState, err error) {
+	var mine []*slice
+	var carriers []*tcpConn
+	p.mu.Lock()
+	p.queue = slices.DeleteFunc(p.queue, func(s *slice) bool {
+		if s.op.b == b {
+			mine = append(mine, s)
+			return true
+		}
+		return false
+	})
+	for _, o := range states {
+		for k := range o.slices {
+			s := &o.slices[k]
+			if c := s.conn; c != nil && !s.finished.Load() && !slices.Contains(carriers, c) {
+				carriers = append(carriers, c)
+				c.breakOff(err)
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range mine {
+		s.finish(err)
+	}
+	for _, c := range carriers {
+		c.fail(err)
+	}
 }
 
 // tcpConn is one connection: a writer goroutine sends requests, a reader
@@ -260,7 +386,11 @@ func (p *tcpPeer) next() *tcpConn {
 // submitting goroutine itself, which spares the writer's wake-up.
 type tcpConn struct {
 	t    *TCP
+	peer *tcpPeer
 	addr string
+	// given is the bytes of the slices given to it whose responses are
+	// not yet in (guarded by peer.mu).
+	given int
 
 	mu      sync.Mutex
 	queue   []*slice // to send
@@ -285,8 +415,8 @@ type tcpConn struct {
 // newTCPConn returns a connection to addr, its goroutine started. Once t
 // is closed it returns one already broken with ErrClosed, which fails
 // every slice given to it, and starts nothing.
-func newTCPConn(t *TCP, addr string) *tcpConn {
-	c := &tcpConn{t: t, addr: addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
+func newTCPConn(t *TCP, p *tcpPeer) *tcpConn {
+	c := &tcpConn{t: t, peer: p, addr: p.addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
 		closing: make(chan struct{}), ready: make(chan struct{})}
 	// The goroutine is counted under t.mu, where Close marks t closed, so
 	// none is added to t.wg once Close may be waiting on it.
@@ -372,6 +502,17 @@ func (c *tcpConn) error() error {
 // fail breaks the connection; its goroutines then fail every slice it
 // holds.
 func (c *tcpConn) fail(err error) {
+	c.breakOff(err)
+	<-c.ready
+	if c.c != nil {
+		c.c.Close()
+	}
+}
+
+// breakOff marks the connection broken with err (the first error
+// stays), so nothing more is sent on it, and stops its goroutines'
+// waits; fail also closes the socket. It does not block.
+func (c *tcpConn) breakOff(err error) {
 	c.errMu.Lock()
 	if c.err == nil {
 		c.err = err
@@ -381,10 +522,6 @@ func (c *tcpConn) fail(err error) {
 	c.broken.Store(true)
 	c.mu.Unlock()
 	c.once.Do(func() { close(c.closing) })
-	<-c.ready
-	if c.c != nil {
-		c.c.Close()
-	}
 }
 
 func (c *tcpConn) run() {
@@ -418,7 +555,9 @@ func (c *tcpConn) run() {
 }
 
 // drain fails whatever is still queued or awaiting a response. It runs
-// once the connection is broken.
+// once the connection is broken. The peer's queue then goes to the other
+// connections (and a new one in its place), unless this one never
+// connected: the peer is unreachable, and the queue fails too.
 func (c *tcpConn) drain() {
 	c.direct.Wait()
 	err := c.error()
@@ -434,6 +573,11 @@ func (c *tcpConn) drain() {
 		case s := <-c.sent:
 			s.finish(err)
 		default:
+			if c.c == nil {
+				c.peer.failQueue(err)
+			} else {
+				c.peer.pump()
+			}
 			return
 		}
 	}
@@ -538,6 +682,10 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 		}
 		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
 		s.op.b.Responded(0)
+		// The response is in: its room in the window goes to the next
+		// queued slice now, so the peer has that request before it
+		// finishes this one.
+		c.peer.done(s)
 		switch {
 		case status == 2:
 			s.finish(fmt.Errorf("%w: %s refused %v of region %d [%d, +%d): no grant", api.ErrPermissionDenied, c.addr, s.kind, s.region, s.offset, len(s.local)))

@@ -1,0 +1,107 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvpool/kvpool/api"
+)
+
+// TestTCPConnectionsPullFromTheQueue stalls one of a peer's two
+// connections and checks that the other carries every slice the stalled
+// one has not been given: a connection takes the next slice as it drains,
+// never more than its window ahead, so a slow connection holds back only
+// what fits in its window.
+func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
+	const (
+		slice  = 4 << 10
+		window = 2 * slice
+		slices = 16
+	)
+	mem := pattern(1<<20, 11)
+	server := NewTCP(TCPConfig{})
+	if err := server.Register(7, mem); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var (
+		accepted atomic.Int32
+		served   [2]atomic.Int32 // requests served, by the order connections were accepted
+		progress = make(chan struct{}, slices)
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			k := accepted.Add(1) - 1
+			if k > 1 {
+				t.Errorf("connection %d accepted; the transport keeps 2", k+1)
+				c.Close()
+				continue
+			}
+			wg.Go(func() {
+				defer c.Close()
+				var pre [8]byte
+				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
+					return
+				}
+				server.ServeConnAccess(ctx, c, func(context.Context, Kind, RegionID, uint64, uint64) error {
+					if k == 0 {
+						<-release // the first connection stalls on its first request
+					}
+					served[k].Add(1)
+					progress <- struct{}{}
+					return nil
+				})
+			})
+		}
+	})
+	t.Cleanup(func() { cancel(); ln.Close(); wg.Wait(); server.Close() })
+
+	client := NewTCP(TCPConfig{ConnsPerPeer: 2, SliceBytes: slice, WindowBytes: window})
+	defer client.Close()
+	local := make([]byte, slices*slice)
+	b := client.Submit(ctx, []Op{{Kind: Read, Peer: ln.Addr().String(), Region: 7, Offset: 512, Local: local, Checksum: true}})
+	// The stalled connection was given one window: the other serves the
+	// rest of the op alone.
+	stalledShare := int32(window / slice)
+	for served[1].Load() < slices-stalledShare {
+		select {
+		case <-progress:
+		case <-b.Done():
+			t.Fatalf("the batch ended with the first connection stalled: %v", b.Err())
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the free connection served %d of %d slices, and no more", served[1].Load(), slices-stalledShare)
+		}
+	}
+	if n := served[0].Load(); n != 0 {
+		t.Fatalf("the stalled connection served %d requests", n)
+	}
+	close(release)
+	if err := b.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := [2]int32{served[0].Load(), served[1].Load()}; got != [2]int32{stalledShare, slices - stalledShare} {
+		t.Fatalf("requests served per connection %v, want %v", got, [2]int32{stalledShare, slices - stalledShare})
+	}
+	if !bytes.Equal(local, mem[512:512+len(local)]) {
+		t.Fatal("wrong bytes")
+	}
+	if got, want := b.OpCRC(0), api.Checksum(mem[512:512+len(local)]); got != want {
+		t.Fatalf("op CRC %08x, want %08x", got, want)
+	}
+}

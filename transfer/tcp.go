@@ -325,13 +325,28 @@ func (p *tcpPeer) pump() {
 }
 
 // done returns s's bytes to its connection's window once its response
-// has begun to arrive, and gives the room to the next queued slice.
+// has begun to arrive, and gives the room to the next queued slice: on
+// the same connection without an allocation when it fits there, else
+// through pump. Only the connection's reader calls it.
 func (p *tcpPeer) done(s *slice) {
+	c := s.conn
+	var next *slice
 	p.mu.Lock()
-	s.conn.given -= len(s.local)
-	more := len(p.queue) > 0
+	c.given -= len(s.local)
+	if len(p.queue) > 0 && !c.broken.Load() && (c.given == 0 || c.given+len(p.queue[0].local) <= p.t.cfg.WindowBytes) {
+		next = p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		c.given += len(next.local)
+		next.conn = c
+	}
+	more := len(p.queue) > 0 && next == nil
 	p.mu.Unlock()
-	if more {
+	switch {
+	case next != nil:
+		c.next[0] = next
+		c.enqueue(c.next[:])
+	case more:
 		p.pump()
 	}
 }
@@ -391,6 +406,7 @@ type tcpConn struct {
 	// given is the bytes of the slices given to it whose responses are
 	// not yet in (guarded by peer.mu).
 	given int
+	next  [1]*slice // the reader's: the slice done hands it (enqueue copies it out)
 
 	mu      sync.Mutex
 	queue   []*slice // to send

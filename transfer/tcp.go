@@ -272,8 +272,8 @@ func (p *tcpPeer) submit(q []*slice) {
 // pump gives queued slices to connections with room in their windows,
 // one slice per connection in turn so a batch spreads over all of them,
 // and sends them. A broken (or never dialed) connection is replaced by a
-// new one, dialed by its own goroutine; once the transport is closed the
-// replacement is broken too, and the queue fails with ErrClosed.
+// new one, dialed by its own goroutine; once the transport is closed
+// there is none, and the queue fails with ErrClosed.
 func (p *tcpPeer) pump() {
 	window := p.t.cfg.WindowBytes
 	var give [][]*slice // per connection
@@ -287,12 +287,11 @@ func (p *tcpPeer) pump() {
 			}
 			c := p.conns[i]
 			if c == nil || c.broken.Load() {
-				c = newTCPConn(p.t, p)
-				p.conns[i] = c
-				if c.broken.Load() {
-					closed = true // the transport is closed
+				if c = newTCPConn(p.t, p); c == nil {
+					closed = true
 					break
 				}
+				p.conns[i] = c
 			}
 			s := p.queue[0]
 			if c.given > 0 && c.given+len(s.local) > window {
@@ -428,9 +427,8 @@ type tcpConn struct {
 	c       net.Conn
 }
 
-// newTCPConn returns a connection to addr, its goroutine started. Once t
-// is closed it returns one already broken with ErrClosed, which fails
-// every slice given to it, and starts nothing.
+// newTCPConn returns a connection to p, its goroutine started (which
+// dials it), or nil once t is closed.
 func newTCPConn(t *TCP, p *tcpPeer) *tcpConn {
 	c := &tcpConn{t: t, peer: p, addr: p.addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
 		closing: make(chan struct{}), ready: make(chan struct{})}
@@ -439,11 +437,7 @@ func newTCPConn(t *TCP, p *tcpPeer) *tcpConn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		c.err = ErrClosed
-		c.broken.Store(true)
-		c.once.Do(func() { close(c.closing) })
-		close(c.ready)
-		return c
+		return nil
 	}
 	t.wg.Go(c.run)
 	return c

@@ -27,7 +27,11 @@ type pair struct {
 type factory func(t *testing.T, mem []byte) pair
 
 // serveTCP runs a tcp transport's server side on a loopback listener.
-func serveTCP(t *testing.T, server *TCP) string {
+func serveTCP(t *testing.T, server *TCP) string { return serveTCPAccess(t, server, nil) }
+
+// serveTCPAccess is serveTCP with the requests of the k-th connection
+// accepted (from 0) checked by accessFor(k), when accessFor is set.
+func serveTCPAccess(t *testing.T, server *TCP, accessFor func(k int) Access) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -36,10 +40,14 @@ func serveTCP(t *testing.T, server *TCP) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for {
+		for k := 0; ; k++ {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			var access Access
+			if accessFor != nil {
+				access = accessFor(k)
 			}
 			wg.Go(func() {
 				defer c.Close()
@@ -47,7 +55,7 @@ func serveTCP(t *testing.T, server *TCP) string {
 				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
 					return
 				}
-				server.ServeConn(ctx, c)
+				server.ServeConnAccess(ctx, c, access)
 			})
 		}
 	})

@@ -3,8 +3,6 @@ package transfer
 import (
 	"bytes"
 	"context"
-	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,53 +27,36 @@ func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
 	if err := server.Register(7, mem); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	release := make(chan struct{})
 	var (
-		accepted atomic.Int32
 		served   [2]atomic.Int32 // requests served, by the order connections were accepted
 		progress = make(chan struct{}, slices)
 	)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	addr := serveTCPAccess(t, server, func(k int) Access {
+		if k > 1 {
+			t.Errorf("connection %d accepted; the transport keeps 2", k+1)
+			return func(context.Context, Kind, RegionID, uint64, uint64) error { return api.ErrPermissionDenied }
+		}
+		return func(context.Context, Kind, RegionID, uint64, uint64) error {
+			if k == 0 {
+				<-release // the first connection stalls on its first request
 			}
-			k := accepted.Add(1) - 1
-			if k > 1 {
-				t.Errorf("connection %d accepted; the transport keeps 2", k+1)
-				c.Close()
-				continue
-			}
-			wg.Go(func() {
-				defer c.Close()
-				var pre [8]byte
-				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
-					return
-				}
-				server.ServeConnAccess(ctx, c, func(context.Context, Kind, RegionID, uint64, uint64) error {
-					if k == 0 {
-						<-release // the first connection stalls on its first request
-					}
-					served[k].Add(1)
-					progress <- struct{}{}
-					return nil
-				})
-			})
+			served[k].Add(1)
+			progress <- struct{}{}
+			return nil
 		}
 	})
-	t.Cleanup(func() { cancel(); ln.Close(); wg.Wait(); server.Close() })
+	var releaseOnce sync.Once
+	unstall := func() { releaseOnce.Do(func() { close(release) }) }
+	// (Cleanups run last first: a failed test unstalls the server before
+	// serveTCPAccess waits for it.)
+	t.Cleanup(func() { unstall(); server.Close() })
 
+	ctx := context.Background()
 	client := NewTCP(TCPConfig{ConnsPerPeer: 2, SliceBytes: slice, WindowBytes: window})
 	defer client.Close()
 	local := make([]byte, slices*slice)
-	b := client.Submit(ctx, []Op{{Kind: Read, Peer: ln.Addr().String(), Region: 7, Offset: 512, Local: local, Checksum: true}})
+	b := client.Submit(ctx, []Op{{Kind: Read, Peer: addr, Region: 7, Offset: 512, Local: local, Checksum: true}})
 	// The stalled connection was given one window: the other serves the
 	// rest of the op alone.
 	stalledShare := int32(window / slice)
@@ -91,7 +72,7 @@ func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
 	if n := served[0].Load(); n != 0 {
 		t.Fatalf("the stalled connection served %d requests", n)
 	}
-	close(release)
+	unstall()
 	if err := b.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}

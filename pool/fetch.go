@@ -74,6 +74,8 @@ type fetcher struct {
 	pull, shmPull transfer.Transport
 	peers         *wire.Pool
 	fetched       *prometheus.CounterVec // bytes, by transport
+	fetchedBlocks *prometheus.CounterVec // blocks, by how they were addressed
+	sizes         blockSizes             // per namespace: the size named reads ask for
 	fetchFailures *prometheus.CounterVec // blocks not pulled, by reason
 	now           func() time.Time
 	log           *slog.Logger
@@ -205,21 +207,66 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // runs it, once, after it has answered, with the time answering took.
 // begin is when the Fetch began: the link's fit of a fetch's fixed cost
 // counts what came before the pull too.
+//
+// Blocks are read by name when the transport can and the namespace's
+// block size is known (a namespace's blocks are one engine's, of one
+// size): the holder pins each only while it sends it, so the pull starts
+// with the bytes, not a pin round trip. Otherwise, and for the blocks
+// whose size turns out to differ, the holder pins them first over the
+// data channel and the transport reads the pinned ranges.
 func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(answering time.Duration)) {
-	errs := make([]error, len(items))
-	failed := func(reason string) { f.fetchFailures.WithLabelValues(reason).Inc() }
+	tr, peer := f.transportTo(holder)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var size uint64
+	if nr, ok := tr.(transfer.NamedReader); ok && nr.ReadsByName() {
+		size = f.sizes.get(tenant, namespace)
+	}
+	if size == 0 {
+		return f.pullPinned(ctx, holder, tr, peer, tenant, namespace, keys, items, timeout, begin, out)
+	}
+	p := pull{holder: holder, tr: tr, timeout: timeout, begin: begin, named: true}
+	t, ns := []byte(tenant), []byte(namespace)
+	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return size, nil }, func(k int) transfer.Op {
+		return transfer.Op{Kind: transfer.Read, Peer: peer, Name: transfer.BlockName{Tenant: t, Namespace: ns, Key: keys[items[k]]}, Checksum: true}
+	})
+	resized := p.run(ctx, f, keys, items, errs, out)
+	if len(resized) == 0 {
+		return errs, p.after(f)
+	}
+	// Blocks of another size than the namespace's last: pinned, which
+	// learns their size (the next named reads ask for it).
+	sub := make([]int, len(resized))
+	for j, k := range resized {
+		sub[j] = items[k]
+	}
+	subErrs, subAfter := f.pullPinned(ctx, holder, tr, peer, tenant, namespace, keys, sub, timeout, begin, out)
+	for j, k := range resized {
+		errs[k] = subErrs[j]
+	}
+	done := p.after(f)
+	return errs, func(answering time.Duration) {
+		if done != nil {
+			done(answering)
+		}
+		if subAfter != nil {
+			subAfter(answering)
+		}
+	}
+}
+
+// pullPinned is pullFrom's pull of blocks pinned on the holder first.
+func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr transfer.Transport, peer, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(answering time.Duration)) {
+	addr := holder.Addrs[addrGRPC]
+	start := time.Now()
 	fail := func(err error) []error {
+		errs := make([]error, len(items))
 		for k := range errs {
 			errs[k] = err
 		}
 		f.fetchFailures.WithLabelValues(fetchUnreachable).Add(float64(len(errs)))
 		return errs
 	}
-	addr := holder.Addrs[addrGRPC]
-	tr, peer := f.transportTo(holder)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	start := time.Now()
 	pc, _, err := f.peers.Get(ctx, addr)
 	if err != nil {
 		return fail(api.Errorf(api.ErrUnavailable, "pool: reach %s at %s: %v", holder.ID, addr, err)), nil
@@ -232,98 +279,207 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 		return fail(api.Errorf(api.ErrUnavailable, "pool: pin on %s: %v", holder.ID, err)), nil
 	}
 	pinned := time.Since(start)
-	var observe func(answering time.Duration)
-	after = func(answering time.Duration) {
+	for _, pin := range pins {
+		if pin.err == nil {
+			f.sizes.set(tenant, namespace, pin.size)
+			break
+		}
+	}
+	p := pull{holder: holder, tr: tr, timeout: timeout, begin: begin, pins: pins}
+	p.release = func() {
 		// The bytes are here or given up on: the holder may let go of
 		// them, and the connection serve the next pull.
 		releaseOn(pc, pins)
 		f.peers.Put(addr, pc)
 		f.links.Observe(holder.ID, 0, pinned, f.now())
-		if observe != nil {
-			observe(answering)
-		}
 	}
-	// Reserve local space and read the bytes into it.
-	ops := make([]transfer.Op, 0, len(items))
-	res := make([]*store.Reservation, len(items))
+	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return pins[k].size, pins[k].err }, func(k int) transfer.Op {
+		return transfer.Op{Kind: transfer.Read, Peer: peer, Region: arenaRegion, Offset: pins[k].offset, Checksum: true}
+	})
+	p.run(ctx, f, keys, items, errs, out)
+	return errs, p.after(f)
+}
+
+// pull is one holder's share of a Fetch, once its blocks are addressed:
+// by name, or by the pins on the holder.
+type pull struct {
+	holder  metadata.NodeRecord
+	tr      transfer.Transport
+	timeout time.Duration
+	begin   time.Time
+	named   bool
+	pins    []peerPin // by item, when pinned
+	release func()    // lets go of the pins; nil when named
+
+	ops     []transfer.Op
+	res     []*store.Reservation // by item; nil: not read
+	opOf    []int                // by item: its op, or -1
+	t0, end time.Time
+	batch   *transfer.Batch
+	werr    error
+}
+
+// reserve makes each item's local reservation, of the size sizeOf gives
+// (or its error), and its op (opFor, which run completes with the
+// reservation's bytes). It returns each item's error so far.
+func (p *pull) reserve(f *fetcher, tenant, namespace string, keys [][]byte, items []int, sizeOf func(k int) (uint64, error), opFor func(k int) transfer.Op) []error {
+	errs := make([]error, len(items))
+	p.ops = make([]transfer.Op, 0, len(items))
+	p.res = make([]*store.Reservation, len(items))
+	p.opOf = make([]int, len(items))
 	t, ns := []byte(tenant), []byte(namespace)
-	opOf := make([]int, len(items))
-	for k, p := range pins {
-		opOf[k] = -1
-		if p.err != nil {
-			errs[k] = p.err
-			failed(fetchPin)
-			continue
-		}
-		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(p.size), true)
+	for k := range items {
+		p.opOf[k] = -1
+		size, err := sizeOf(k)
 		if err != nil {
 			errs[k] = err
-			failed(fetchSpace)
+			f.fetchFailures.WithLabelValues(fetchPin).Inc()
 			continue
 		}
-		res[k] = r
-		opOf[k] = len(ops)
-		ops = append(ops, transfer.Op{Kind: transfer.Read, Peer: peer, Region: arenaRegion, Offset: p.offset, Local: r.Bytes(), Checksum: true})
+		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(size), true)
+		if err != nil {
+			errs[k] = err
+			f.fetchFailures.WithLabelValues(fetchSpace).Inc()
+			continue
+		}
+		p.res[k] = r
+		p.opOf[k] = len(p.ops)
+		op := opFor(k)
+		op.Local = r.Bytes()
+		p.ops = append(p.ops, op)
 	}
-	t0 := time.Now()
-	batch := tr.Submit(ctx, ops)
-	werr := batch.Wait(ctx)
+	return errs
+}
+
+// run reads the ops into their reservations, and commits each block whose
+// bytes match the holder's checksum, recording it in out. It returns the
+// items (indexes into items) a named read found of another size: their
+// reservations are given back, their errs left for the caller.
+func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, errs []error, out []api.FetchResult) (resized []int) {
+	holder := p.holder
+	p.t0 = time.Now()
+	batch := p.tr.Submit(ctx, p.ops)
+	p.batch = batch
+	p.werr = batch.Wait(ctx)
 	if ctx.Err() != nil {
 		// Some ops may still be writing into reservations: wait for the
 		// transport to let go before giving the space back.
 		<-batch.Done()
 	}
+	addressed := addressedByPin
+	if p.named {
+		addressed = addressedByName
+	}
 	for k, i := range items {
-		r := res[k]
+		r := p.res[k]
 		if r == nil {
 			continue
 		}
-		if err := batch.OpErr(opOf[k]); err != nil {
+		op := p.opOf[k]
+		if err := batch.OpErr(op); err != nil {
 			f.store.Abort(r)
+			if p.named && errors.Is(err, transfer.ErrBlockSize) {
+				resized = append(resized, k)
+				continue
+			}
 			if ctx.Err() != nil {
-				err = fmt.Errorf("%w: no answer from %s within %v", api.ErrUnavailable, holder.ID, timeout)
+				err = fmt.Errorf("%w: no answer from %s within %v", api.ErrUnavailable, holder.ID, p.timeout)
 			}
 			errs[k] = api.Errorf(api.ErrUnavailable, "pool: read from %s: %v", holder.ID, err)
-			failed(fetchRead)
+			f.fetchFailures.WithLabelValues(fetchRead).Inc()
 			continue
 		}
-		// The holder's checksum travelled with the pin; the transport
-		// checksummed the bytes as they arrived; the commit compares them.
-		if _, err := f.store.Commit(r, batch.OpCRC(opOf[k]), true, pins[k].crc, true); err != nil && !errors.Is(err, api.ErrAlreadyExists) {
+		// The holder's checksum came with the pin or the named read's
+		// response; the transport checksummed the bytes as they arrived;
+		// the commit compares them.
+		want := batch.OpPeerCRC(op)
+		if !p.named {
+			want = p.pins[k].crc
+		}
+		if _, err := f.store.Commit(r, batch.OpCRC(op), true, want, true); err != nil && !errors.Is(err, api.ErrAlreadyExists) {
 			errs[k] = err
 			if errors.Is(err, api.ErrDataLoss) {
-				failed(fetchChecksum)
+				f.fetchFailures.WithLabelValues(fetchChecksum).Inc()
 			} else {
-				failed(fetchSpace)
+				f.fetchFailures.WithLabelValues(fetchSpace).Inc()
 			}
 			continue
 		}
-		out[i] = api.FetchResult{Source: holder.ID, Size: int64(pins[k].size)}
-		f.fetched.WithLabelValues(tr.Name()).Add(float64(pins[k].size))
+		size := int64(len(p.ops[op].Local))
+		out[i] = api.FetchResult{Source: holder.ID, Size: size}
+		f.fetched.WithLabelValues(p.tr.Name()).Add(float64(size))
+		f.fetchedBlocks.WithLabelValues(addressed).Inc()
 	}
-	// The link's estimate is what a fetch delivers: bytes read and
-	// committed, usable here, per second after the first response (the
-	// cost model plans fetches with it).
-	if werr == nil || batch.Bytes() > 0 {
-		end := time.Now()
-		for _, i := range items {
-			if out[i].Source == holder.ID {
-				out[i].Took = end.Sub(begin)
-			}
-		}
-		observe = func(answering time.Duration) {
-			first, firstBytes := batch.FirstResponse()
-			f.links.ObserveRead(holder.ID, int64(batch.Bytes()), t0, first, int64(firstBytes), end)
-			if werr == nil {
-				// The whole fetch, from the call to the commits and the
-				// answer, fits the link's fixed and per-block costs.
-				f.links.ObserveFetch(holder.ID, len(ops), int64(batch.Bytes()), end.Sub(begin)+answering, end)
-			}
-			f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "pin", t0.Sub(start),
-				"first_response", first.Sub(t0), "read_and_commit", end.Sub(t0))
+	p.end = time.Now()
+	for _, i := range items {
+		if out[i].Source == holder.ID {
+			out[i].Took = p.end.Sub(p.begin)
 		}
 	}
-	return errs, after
+	return resized
+}
+
+// after returns the bookkeeping left once the results are answered: the
+// pins' release, and the link's observations. The link's estimate is what
+// a fetch delivers: bytes read and committed, usable here, per second
+// after the first response (the cost model plans fetches with it).
+func (p *pull) after(f *fetcher) func(answering time.Duration) {
+	batch, holder := p.batch, p.holder
+	observe := p.werr == nil || batch.Bytes() > 0
+	if !observe && p.release == nil {
+		return nil
+	}
+	return func(answering time.Duration) {
+		if p.release != nil {
+			p.release()
+		}
+		if !observe {
+			return
+		}
+		first, firstBytes := batch.FirstResponse()
+		if p.named && !first.IsZero() {
+			// No pin measured the round trip: the wait for the first
+			// response did (the holder's pin is part of its service).
+			f.links.Observe(holder.ID, 0, first.Sub(p.t0), p.end)
+		}
+		f.links.ObserveRead(holder.ID, int64(batch.Bytes()), p.t0, first, int64(firstBytes), p.end)
+		if p.werr == nil {
+			// The whole fetch, from the call to the commits and the
+			// answer, fits the link's fixed and per-block costs.
+			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+answering, p.end)
+		}
+		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "named", p.named, "before_read", p.t0.Sub(p.begin),
+			"first_response", first.Sub(p.t0), "read_and_commit", p.end.Sub(p.t0))
+	}
+}
+
+// blockSizes remembers, per tenant and namespace, the size of the last
+// block pinned on a holder: the size named reads of the namespace's next
+// blocks ask for. Safe for concurrent use.
+type blockSizes struct {
+	mu sync.Mutex
+	m  map[tenantNamespace]uint64
+}
+
+type tenantNamespace struct{ tenant, namespace string }
+
+// maxBlockSizes bounds the namespaces remembered; past it the memory
+// starts over (a forgotten namespace's next pull pins first).
+const maxBlockSizes = 4096
+
+func (s *blockSizes) get(tenant, namespace string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[tenantNamespace{tenant, namespace}]
+}
+
+func (s *blockSizes) set(tenant, namespace string, size uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= maxBlockSizes {
+		s.m = make(map[tenantNamespace]uint64)
+	}
+	s.m[tenantNamespace{tenant, namespace}] = size
 }
 
 // Reasons of kvpool_transfer_fetch_failures_total.
@@ -333,6 +489,12 @@ const (
 	fetchSpace       = "space"
 	fetchRead        = "read"
 	fetchChecksum    = "checksum"
+)
+
+// Labels of kvpool_transfer_fetched_blocks_total.
+const (
+	addressedByName = "name"
+	addressedByPin  = "pin"
 )
 
 // peerPin is a block pinned on a peer for a pull.

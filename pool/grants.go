@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
+	"github.com/kvpool/kvpool/pool/store"
 	"github.com/kvpool/kvpool/transfer"
 )
 
@@ -94,3 +96,40 @@ func (g *grants) access(node string) transfer.Access {
 		return nil
 	}
 }
+
+// blockPinner is what serving named reads needs of the store. *store.Store
+// (and *tiers, which promotes from disk) implement it.
+type blockPinner interface {
+	Acquire(tenant, ns, key []byte) (store.Pin, error)
+	ReleaseHandle(h uint64) error
+}
+
+// namedBlocks serves one peer node's named reads over the tcp transport
+// (transfer.BlockSource): a block of a tenant the caller may read, pinned
+// while its bytes are sent, the way a View on the data channel pins it
+// for the caller's pull. It holds no grant: the read names the block, not
+// a range. Safe for concurrent use.
+type namedBlocks struct {
+	store  blockPinner
+	gate   *gatekeeper // nil: every caller may read every tenant
+	caller auth.Identity
+}
+
+var _ transfer.BlockSource = (*namedBlocks)(nil)
+
+// PinBlock implements transfer.BlockSource.
+func (b *namedBlocks) PinBlock(name transfer.BlockName) (transfer.PinnedBlock, error) {
+	if b.gate != nil && !b.gate.open {
+		if err := b.gate.check(b.caller, auth.OpRead, string(name.Tenant)); err != nil {
+			return transfer.PinnedBlock{}, err
+		}
+	}
+	pin, err := b.store.Acquire(name.Tenant, name.Namespace, name.Key)
+	if err != nil {
+		return transfer.PinnedBlock{}, err
+	}
+	return transfer.PinnedBlock{Mem: pin.Mem, CRC: pin.CRC, Handle: pin.Handle()}, nil
+}
+
+// UnpinBlock implements transfer.BlockSource.
+func (b *namedBlocks) UnpinBlock(p transfer.PinnedBlock) { b.store.ReleaseHandle(p.Handle) }

@@ -28,6 +28,7 @@ type metrics struct {
 	reclaimed     prometheus.Counter
 	mirrorLag     prometheus.Histogram
 	fetched       *prometheus.CounterVec // by transport
+	fetchedBlocks *prometheus.CounterVec // by how they were addressed (fetch.go)
 	fetchFailures *prometheus.CounterVec // by reason (fetch.go)
 	planDecisions *prometheus.CounterVec // by plan, where
 	badPolicies   prometheus.Counter
@@ -65,6 +66,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_transfer_fetched_bytes_total",
 			Help: "Block bytes pulled from peers by Fetch, by the transport that moved them.",
 		}, []string{"transport"}),
+		fetchedBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpool_transfer_fetched_blocks_total",
+			Help: "Blocks pulled from peers by Fetch, by how the holder was asked: name (read by name at the size the namespace's blocks were last seen to have, the holder pinning each only while it sends it: no pin round trip first; tcp transport only) or pin (pinned on the holder over the data channel, then read).",
+		}, []string{"addressed"}),
 		fetchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_transfer_fetch_failures_total",
 			Help: "Blocks a Fetch could not pull from a holder, by reason: unreachable (no connection), pin (the holder refused or lost the block), space (no room here), read (the transfer failed or timed out), checksum (the bytes did not match the holder's CRC). The caller recomputes them or another holder is tried.",
@@ -119,13 +124,16 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 	}
+	for _, a := range []string{addressedByName, addressedByPin} {
+		m.fetchedBlocks.WithLabelValues(a)
+	}
 	for _, r := range []string{fetchUnreachable, fetchPin, fetchSpace, fetchRead, fetchChecksum} {
 		m.fetchFailures.WithLabelValues(r) // every reason exported from the start, at 0
 	}
 	for _, o := range []string{"replicated", "handed_off", "kept"} {
 		m.drainedBlocks.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchedBlocks, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

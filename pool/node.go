@@ -262,7 +262,7 @@ func New(cfg Config) (*Node, error) {
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.blocks, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
-		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, fetchFailures: n.metrics.fetchFailures, now: cfg.Now, log: log.With("component", "fetch"),
+		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, fetchedBlocks: n.metrics.fetchedBlocks, fetchFailures: n.metrics.fetchFailures, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.blocks, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL), decisions: n.metrics.planDecisions}
@@ -499,11 +499,11 @@ func (n *Node) Run(stop context.Context) error {
 				n.log.Warn("transfer connection refused", "remote", remote(c), "err", err)
 				return err
 			}
-			var access transfer.Access
+			serving := transfer.Serving{Blocks: &namedBlocks{store: n.blocks, gate: n.gate, caller: id}}
 			if n.grants != nil {
-				access = n.grants.access(id.Name)
+				serving.Access = n.grants.access(id.Name)
 			}
-			err = n.tcpT.ServeConnAccess(ctx, c, access)
+			err = n.tcpT.ServeConnWith(ctx, c, serving)
 			if err != nil {
 				n.log.Debug("transfer connection ended", "remote", remote(c), "err", err)
 			}

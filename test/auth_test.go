@@ -702,6 +702,28 @@ func TestSecuredClusterFetchesAndReplicates(t *testing.T) {
 	if _, err := globex1.Fetch(ctx, "acme", "llama3-8b", keys, time.Second); !errors.Is(err, api.ErrPermissionDenied) {
 		t.Errorf("globex fetching acme's chain: %v, want PermissionDenied", err)
 	}
+	// sec-2 now knows the namespace's block size: it reads the next
+	// chain's blocks by name, over TLS, the holder checking its node
+	// certificate's right to read acme's blocks.
+	more := chainKeys(t, 43, 2)
+	for i, k := range more {
+		if err := acme0.Put(ctx, api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k}, values[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually.True(t, "sec-2 to fetch the second chain", 10*time.Second, func() bool {
+		res, err := acme2.Fetch(ctx, "acme", "llama3-8b", more, time.Second)
+		return err == nil && res[0].Err == nil && res[1].Err == nil
+	})
+	for i, k := range more {
+		got, err := acme2.GetValue(ctx, api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k})
+		if err != nil || string(got) != string(values[i]) {
+			t.Fatalf("sec-2: block %d of the second chain: %v", i, err)
+		}
+	}
+	if n, ok := metricValue(nodes[2].metrics, `kvpool_transfer_fetched_blocks_total{addressed="name"}`); !ok || n < 2 {
+		t.Fatalf("sec-2 read %v blocks by name (found: %v), want the second chain's 2", n, ok)
+	}
 }
 
 // Daemons reach an etcd that requires TLS client certificates (Debian's

@@ -454,3 +454,78 @@ func counters(t *testing.T, reg prometheus.Gatherer, name string, by func(labels
 	}
 	return out
 }
+
+// Over the tcp transport, once a namespace's block size is known (its
+// first pull pins on the holder), the next blocks are read by name: no
+// pin on the holder's data channel first, and the holder lets go of each
+// block once it is sent. A block of another size in the namespace is
+// still fetched, pinned after the named read finds its size differs.
+func TestFetchReadsByNameOnceTheBlockSizeIsKnown(t *testing.T) {
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	c := cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		pc.Registerer, pc.Gatherer = regs[i], regs[i]
+		pc.Transport = transfer.ProtocolTCP
+	}})
+	const size = 256<<10 + 3
+	keys := chainKeys(t, 41, 7)
+	putBlocks(t, c.Client(0, api.PathData), keys[:6], size)
+	odd := blockValue(6, size/2)
+	if err := c.Client(0, api.PathData).Put(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: keys[6]}, odd); err != nil {
+		t.Fatal(err)
+	}
+	c.Converged(10 * time.Second)
+	addressed := func() map[string]float64 {
+		return counters(t, regs[1], "kvpool_transfer_fetched_blocks_total", func(l map[string]string) string { return l["addressed"] })
+	}
+	views := func() float64 {
+		return counters(t, regs[0], "kvpool_pool_requests_total", func(l map[string]string) string {
+			if l["path"] == "data" && strings.EqualFold(l["op"], "view") {
+				return "view"
+			}
+			return ""
+		})["view"]
+	}
+	eng := c.Client(1, api.PathData)
+	fetch := func(keys [][]byte, want map[string]float64) {
+		t.Helper()
+		before, viewsBefore := addressed(), views()
+		res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if r.Err != nil || r.Source != "node-0" {
+				t.Fatalf("block %d: %+v", i, r)
+			}
+		}
+		after := addressed()
+		for _, a := range []string{"name", "pin"} {
+			if got := after[a] - before[a]; got != want[a] {
+				t.Fatalf("blocks addressed by %s: %v, want %v", a, got, want[a])
+			}
+		}
+		// Each pinned block is one View on the holder's data channel; a
+		// named one is none.
+		if got := views() - viewsBefore; got != want["pin"] {
+			t.Fatalf("%v views on the holder, want %v", got, want["pin"])
+		}
+	}
+	fetch(keys[:1], map[string]float64{"pin": 1})
+	fetch(keys[1:4], map[string]float64{"name": 3})
+	fetch(keys[4:7], map[string]float64{"name": 2, "pin": 1})
+	for i, k := range keys {
+		want := blockValue(i, size)
+		if i == 6 {
+			want = odd
+		}
+		got, err := eng.GetValue(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: k})
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("block %d after the fetch: %v", i, err)
+		}
+	}
+	// The holder holds no pin once the pulls are over (named reads let go
+	// as they finish; pinned ones once the fetch answered).
+	c.Eventually("the holder's pins to be let go", 10*time.Second, func() bool {
+		return c.Nodes[0].Node.Store().Stats().Pins == 0
+	})
+}

@@ -55,7 +55,7 @@ func serveTCPAccess(t *testing.T, server *TCP, accessFor func(k int) Access) str
 				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
 					return
 				}
-				server.ServeConnAccess(ctx, c, access)
+				server.ServeConnWith(ctx, c, Serving{Access: access})
 			})
 		}
 	})

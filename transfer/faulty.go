@@ -40,7 +40,13 @@ type Faulty struct {
 	closeErr  error
 }
 
-var _ Transport = (*Faulty)(nil)
+var _ NamedReader = (*Faulty)(nil)
+
+// ReadsByName implements NamedReader when the wrapped Transport does.
+func (f *Faulty) ReadsByName() bool {
+	r, ok := f.Transport.(NamedReader)
+	return ok && r.ReadsByName()
+}
 
 // FaultPicker picks the ops a fault hits. The zero value picks none. Safe
 // for concurrent use.
@@ -174,7 +180,7 @@ func (f *Faulty) finish(ops []Op, inner, out *Batch, corrupt func(Op) bool) {
 		if err == nil {
 			n = uint64(len(op.Local))
 		}
-		out.CompleteCRC(i, n, crc, err)
+		out.CompleteNamed(i, n, crc, inner.OpPeerCRC(i), err)
 	}
 }
 

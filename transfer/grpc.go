@@ -274,6 +274,9 @@ func (g *GRPC) Submit(ctx context.Context, ops []Op) *Batch {
 		if err == nil && op.Kind != Read && op.Kind != Write {
 			err = fmt.Errorf("transfer: op %d: kind %v", i, op.Kind)
 		}
+		if err == nil && (len(op.Name.Key) > 0 || len(op.Name.Tenant)+len(op.Name.Namespace) > 0) {
+			err = fmt.Errorf("%w: transfer: op %d: the grpc transport serves no named reads", api.ErrInvalidArgument, i)
+		}
 		if err != nil {
 			g.mu.Unlock()
 			b.Complete(i, 0, err)

@@ -581,6 +581,9 @@ func (s *SHM) run(ctx context.Context, b *Batch, op *Op) (uint32, error) {
 	if op.Kind != Read && op.Kind != Write {
 		return 0, fmt.Errorf("kind %v", op.Kind)
 	}
+	if len(op.Name.Key) > 0 || len(op.Name.Tenant)+len(op.Name.Namespace) > 0 {
+		return 0, fmt.Errorf("%w: the shm transport serves no named reads", api.ErrInvalidArgument)
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -80,7 +80,7 @@ type TCP struct {
 	wg     sync.WaitGroup
 }
 
-var _ Transport = (*TCP)(nil)
+var _ NamedReader = (*TCP)(nil)
 
 // NewTCP returns a tcp transport.
 func NewTCP(cfg TCPConfig) *TCP {
@@ -117,17 +117,41 @@ func (t *TCP) Register(id RegionID, mem []byte) error { return t.register(id, me
 // Deregister implements Transport.
 func (t *TCP) Deregister(id RegionID) { t.deregister(id) }
 
+// ReadsByName implements NamedReader: a connection served with a
+// BlockSource (ServeConnWith) serves named reads.
+func (t *TCP) ReadsByName() bool { return true }
+
 // Frame layouts, little-endian.
 //
-//	request  kind u8, 3 zero bytes, region u32, offset u64, length u64  (24 B)
-//	response status u8, 7 zero bytes, length u64                        (16 B)
+//	request     kind u8, 3 zero bytes, region u32, offset u64, length u64  (24 B)
+//	named read  kind u8 (3), zero u8, name u16, zero u32, offset u64, length u64,
+//	            block u64 (32 B), then the name: tenant, namespace and key,
+//	            each a u8 length and its bytes (name is their total)
+//	response    status u8, 3 zero bytes, crc u32, length u64              (16 B)
 //
 // A write's request is followed by its bytes; a successful read's
-// response is followed by its bytes. Status 0 is success, 1 a missing
-// region or range, 2 a range the caller holds no grant for (Access).
+// response is followed by its bytes. A named read asks for [offset,
+// +length) of the block, which must be block bytes long; its response's
+// crc is the checksum the peer holds for the block (0 for other reads).
+// Status 0 is success, 1 a missing region, range or block, 2 a range or
+// block the caller may not touch (Access, BlockSource), 3 a block of
+// another size (length is then its size, and no bytes follow).
 const (
-	tcpReqBytes  = 24
-	tcpRespBytes = 16
+	tcpReqBytes   = 24
+	tcpNamedBytes = 32
+	tcpRespBytes  = 16
+	// tcpNamedRead is a named read's kind byte on the wire.
+	tcpNamedRead = 3
+	// tcpMaxName is the longest name a named read carries.
+	tcpMaxName = 3 * (1 + 255)
+)
+
+// Response statuses.
+const (
+	tcpOK = iota
+	tcpMissing
+	tcpRefused
+	tcpWrongSize
 )
 
 // opState is one op of a batch, spread over slices.
@@ -136,9 +160,13 @@ type opState struct {
 	i        int
 	bytes    uint64
 	checksum bool
-	slices   []slice
-	left     atomic.Int32
-	err      atomic.Pointer[error]
+	// name is a named read's block (Op.Name); named reads' slices carry
+	// offsets within the block.
+	name   BlockName
+	named  bool
+	slices []slice
+	left   atomic.Int32
+	err    atomic.Pointer[error]
 }
 
 // slice is one request on one connection: a piece of an op.
@@ -150,6 +178,9 @@ type slice struct {
 	offset uint64
 	local  []byte
 	crc    uint32 // of what a checksummed read received
+	// peerCRC is, for a named read, the block's checksum the peer sent
+	// with this slice's response.
+	peerCRC uint32
 	// finished is set once its outcome is in: a cancelled batch breaks
 	// only connections that still carry an unfinished slice of it.
 	finished atomic.Bool
@@ -176,7 +207,16 @@ func (s *slice) finish(err error) {
 			crc = api.CombineChecksum(crc, o.slices[k].crc, int64(len(o.slices[k].local)))
 		}
 	}
-	o.b.CompleteCRC(o.i, o.bytes, crc, nil)
+	peerCRC := o.slices[0].peerCRC
+	for k := range o.slices {
+		if o.named && o.slices[k].peerCRC != peerCRC {
+			// Each slice pinned the block anew: it was replaced between
+			// two of them, and the pieces are of different blocks.
+			o.b.Complete(o.i, 0, fmt.Errorf("%w: block %x changed while it was read", ErrPeer, o.name.Key))
+			return
+		}
+	}
+	o.b.CompleteNamed(o.i, o.bytes, crc, peerCRC, nil)
 }
 
 // Submit implements Transport.
@@ -193,6 +233,11 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 			b.Complete(i, 0, fmt.Errorf("transfer: op %d: kind %v", i, op.Kind))
 			continue
 		}
+		named := len(op.Name.Key) > 0
+		if err := checkName(op); err != nil {
+			b.Complete(i, 0, fmt.Errorf("transfer: op %d: %w", i, err))
+			continue
+		}
 		peer, err := t.peer(op.Peer)
 		if err != nil {
 			b.Complete(i, 0, err)
@@ -204,13 +249,18 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 			peers, queued = append(peers, peer), append(queued, nil)
 		}
 		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
-		o := &opState{b: b, i: i, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read, slices: make([]slice, pieces)}
+		o := &opState{b: b, i: i, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
+			name: op.Name, named: named, slices: make([]slice, pieces)}
 		o.left.Store(int32(pieces))
 		states = append(states, o)
+		base := op.Offset
+		if named {
+			base = 0
+		}
 		for p := range pieces {
 			lo := min(p*t.cfg.SliceBytes, len(op.Local))
 			hi := min(lo+t.cfg.SliceBytes, len(op.Local))
-			o.slices[p] = slice{op: o, kind: op.Kind, region: op.Region, offset: op.Offset + uint64(lo), local: op.Local[lo:hi:hi]}
+			o.slices[p] = slice{op: o, kind: op.Kind, region: op.Region, offset: base + uint64(lo), local: op.Local[lo:hi:hi]}
 			queued[k] = append(queued[k], &o.slices[p])
 		}
 	}
@@ -234,6 +284,44 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 		b.OnDone(func() { stop() })
 	}
 	return b
+}
+
+// checkName refuses a named op that is not a read, or whose name does not
+// fit a request (the peer checks what the name means).
+func checkName(op Op) error {
+	n := op.Name
+	switch {
+	case len(n.Key) == 0 && len(n.Tenant)+len(n.Namespace) == 0:
+		return nil
+	case len(n.Key) == 0:
+		return fmt.Errorf("%w: a named read with no key", api.ErrInvalidArgument)
+	case op.Kind != Read:
+		return fmt.Errorf("%w: only reads are named, not a %v", api.ErrInvalidArgument, op.Kind)
+	case len(n.Tenant) > 255 || len(n.Namespace) > 255 || len(n.Key) > 255:
+		return fmt.Errorf("%w: a name's parts have at most 255 bytes", api.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// appendName appends n as a named read's request carries it.
+func appendName(b []byte, n BlockName) []byte {
+	for _, part := range [3][]byte{n.Tenant, n.Namespace, n.Key} {
+		b = append(b, byte(len(part)))
+		b = append(b, part...)
+	}
+	return b
+}
+
+// parseName reads a name appendName wrote; its parts alias b.
+func parseName(b []byte) (BlockName, bool) {
+	var parts [3][]byte
+	for k := range parts {
+		if len(b) == 0 || int(b[0]) > len(b)-1 {
+			return BlockName{}, false
+		}
+		parts[k], b = b[1:1+int(b[0])], b[1+int(b[0]):]
+	}
+	return BlockName{Tenant: parts[0], Namespace: parts[1], Key: parts[2]}, len(b) == 0 && len(parts[2]) > 0
 }
 
 // tcpPeer holds the connections to one peer and the slices waiting for
@@ -649,12 +737,22 @@ func (c *tcpConn) send(nc net.Conn, q []*slice) bool {
 			}
 			return false
 		}
-		var hdr [tcpReqBytes]byte
-		hdr[0] = byte(s.kind)
-		binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
-		binary.LittleEndian.PutUint64(hdr[8:], s.offset)
-		binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
-		c.hdrs = append(c.hdrs, hdr[:]...)
+		if o := s.op; o.named {
+			var hdr [tcpNamedBytes]byte
+			hdr[0] = tcpNamedRead
+			binary.LittleEndian.PutUint16(hdr[2:], uint16(3+len(o.name.Tenant)+len(o.name.Namespace)+len(o.name.Key)))
+			binary.LittleEndian.PutUint64(hdr[8:], s.offset)
+			binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
+			binary.LittleEndian.PutUint64(hdr[24:], o.bytes)
+			c.hdrs = appendName(append(c.hdrs, hdr[:]...), o.name)
+		} else {
+			var hdr [tcpReqBytes]byte
+			hdr[0] = byte(s.kind)
+			binary.LittleEndian.PutUint32(hdr[4:], uint32(s.region))
+			binary.LittleEndian.PutUint64(hdr[8:], s.offset)
+			binary.LittleEndian.PutUint64(hdr[16:], uint64(len(s.local)))
+			c.hdrs = append(c.hdrs, hdr[:]...)
+		}
 		var err error
 		switch {
 		case s.kind == Write:
@@ -691,15 +789,18 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 			return
 		}
 		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
+		s.peerCRC = binary.LittleEndian.Uint32(hdr[4:])
 		s.op.b.Responded(0)
 		// The response is in: its room in the window goes to the next
 		// queued slice now, so the peer has that request before it
 		// finishes this one.
 		c.peer.done(s)
 		switch {
-		case status == 2:
+		case s.op.named && status != tcpOK:
+			s.finish(c.namedError(s, status, n))
+		case status == tcpRefused:
 			s.finish(fmt.Errorf("%w: %s refused %v of region %d [%d, +%d): no grant", api.ErrPermissionDenied, c.addr, s.kind, s.region, s.offset, len(s.local)))
-		case status != 0:
+		case status != tcpOK:
 			s.finish(fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))
 		case s.kind == Read && n != uint64(len(s.local)):
 			c.fail(fmt.Errorf("%w: %s sent %d bytes for a %d-byte read", ErrPeer, c.addr, n, len(s.local)))
@@ -724,6 +825,19 @@ func (c *tcpConn) readLoop(nc net.Conn) {
 	}
 }
 
+// namedError is what a named read's slice s failed with, by its
+// response's status and length.
+func (c *tcpConn) namedError(s *slice, status uint8, n uint64) error {
+	name := s.op.name
+	switch status {
+	case tcpRefused:
+		return fmt.Errorf("%w: %s refused a read of %s/%s/%x", api.ErrPermissionDenied, c.addr, name.Tenant, name.Namespace, name.Key)
+	case tcpWrongSize:
+		return fmt.Errorf("%w: %s holds %s/%s/%x in %d bytes, not %d", ErrBlockSize, c.addr, name.Tenant, name.Namespace, name.Key, n, s.op.bytes)
+	}
+	return fmt.Errorf("%w: %s holds no block %s/%s/%x", api.ErrNotFound, c.addr, name.Tenant, name.Namespace, name.Key)
+}
+
 // readPieces fills dst in reads of at most 64 KiB, the size that drains a
 // socket fastest on our machines.
 func readPieces(r io.Reader, dst []byte) (int, error) {
@@ -743,18 +857,46 @@ func readPieces(r io.Reader, dst []byte) (int, error) {
 
 // ServeConn serves a peer's requests on c, after its preamble, until the
 // peer closes it or ctx ends. It returns when the connection is done.
-func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error { return t.ServeConnAccess(ctx, c, nil) }
+// It serves no named reads.
+func (t *TCP) ServeConn(ctx context.Context, c net.Conn) error {
+	return t.ServeConnWith(ctx, c, Serving{})
+}
 
-// ServeConnAccess is ServeConn with every request checked by access
-// first: a refused one is answered with status 2 (its write's bytes read
-// and dropped) and no byte of the region moves.
-func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) error {
+// Serving is what one served connection may reach.
+type Serving struct {
+	// Access checks every request for a region first: a refused one is
+	// answered with status 2 (its write's bytes read and dropped) and no
+	// byte of the region moves. nil allows every request.
+	Access Access
+	// Blocks serves named reads (Op.Name): each pins its block for as
+	// long as its bytes are sent, and the source decides whether this
+	// caller may read it. nil answers every named read as a missing
+	// block.
+	Blocks BlockSource
+}
+
+// ServeConnWith is ServeConn with what the connection may reach.
+func (t *TCP) ServeConnWith(ctx context.Context, c net.Conn, serving Serving) error {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	br := bufio.NewReaderSize(c, 4<<10)
-	var req [tcpReqBytes]byte
-	var resp [tcpRespBytes]byte
-	var junk []byte
+	var (
+		req  [tcpNamedBytes + tcpMaxName]byte
+		resp [tcpRespBytes]byte
+		junk []byte
+	)
+	respond := func(status uint8, crc uint32, n uint64, mem []byte) error {
+		resp[0] = status
+		binary.LittleEndian.PutUint32(resp[4:], crc)
+		binary.LittleEndian.PutUint64(resp[8:], n)
+		if len(mem) == 0 {
+			_, err := c.Write(resp[:])
+			return err
+		}
+		bufs := net.Buffers{resp[:], mem}
+		_, err := bufs.WriteTo(c)
+		return err
+	}
 	for {
 		// Idle between requests for up to IdleTimeout; a started request,
 		// its payload and its response have IOTimeout.
@@ -762,7 +904,7 @@ func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) er
 		_, err := br.Peek(1)
 		if err == nil {
 			c.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
-			_, err = io.ReadFull(br, req[:])
+			_, err = io.ReadFull(br, req[:tcpReqBytes])
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
@@ -770,23 +912,40 @@ func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) er
 			}
 			return err
 		}
-		kind, region := Kind(req[0]), RegionID(binary.LittleEndian.Uint32(req[4:]))
 		off, n := binary.LittleEndian.Uint64(req[8:]), binary.LittleEndian.Uint64(req[16:])
+		if req[0] == tcpNamedRead {
+			nameLen := int(binary.LittleEndian.Uint16(req[2:]))
+			if req[1] != 0 || binary.LittleEndian.Uint32(req[4:]) != 0 || nameLen > tcpMaxName {
+				return fmt.Errorf("transfer: malformed request from %s", c.RemoteAddr())
+			}
+			rest := req[tcpReqBytes : tcpNamedBytes+nameLen]
+			if _, err := io.ReadFull(br, rest); err != nil {
+				return err
+			}
+			name, ok := parseName(rest[tcpNamedBytes-tcpReqBytes:])
+			if !ok {
+				return fmt.Errorf("transfer: malformed name in a request from %s", c.RemoteAddr())
+			}
+			if err := t.serveNamed(serving.Blocks, name, off, n, binary.LittleEndian.Uint64(rest), respond); err != nil {
+				return err
+			}
+			continue
+		}
+		kind, region := Kind(req[0]), RegionID(binary.LittleEndian.Uint32(req[4:]))
 		if (kind != Read && kind != Write) || req[1]|req[2]|req[3] != 0 {
 			return fmt.Errorf("transfer: malformed request from %s", c.RemoteAddr())
 		}
 		var mem []byte
-		if access != nil {
-			err = access(ctx, kind, region, off, n)
+		if serving.Access != nil {
+			err = serving.Access(ctx, kind, region, off, n)
 		}
 		if err == nil {
 			mem, err = t.slice(region, off, n)
 		}
-		clear(resp[:])
 		if err != nil {
-			resp[0] = 1
+			status := uint8(tcpMissing)
 			if errors.Is(err, api.ErrPermissionDenied) {
-				resp[0] = 2
+				status = tcpRefused
 			}
 			if kind == Write { // keep the stream in step
 				if junk == nil {
@@ -796,7 +955,7 @@ func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) er
 					return err
 				}
 			}
-			if _, err := c.Write(resp[:]); err != nil {
+			if err := respond(status, 0, 0, nil); err != nil {
 				return err
 			}
 			continue
@@ -805,17 +964,40 @@ func (t *TCP) ServeConnAccess(ctx context.Context, c net.Conn, access Access) er
 			if _, err := readPieces(br, mem); err != nil {
 				return err
 			}
-			if _, err := c.Write(resp[:]); err != nil {
+			if err := respond(tcpOK, 0, 0, nil); err != nil {
 				return err
 			}
 			continue
 		}
-		binary.LittleEndian.PutUint64(resp[8:], n)
-		bufs := net.Buffers{resp[:], mem}
-		if _, err := bufs.WriteTo(c); err != nil {
+		if err := respond(tcpOK, 0, n, mem); err != nil {
 			return err
 		}
 	}
+}
+
+// serveNamed answers a named read of [off, +n) of the block name, which
+// the caller expects to be size bytes long: it pins the block for as long
+// as its bytes are written. A returned error ends the connection.
+func (t *TCP) serveNamed(blocks BlockSource, name BlockName, off, n, size uint64, respond func(status uint8, crc uint32, n uint64, mem []byte) error) error {
+	if blocks == nil {
+		return respond(tcpMissing, 0, 0, nil)
+	}
+	pin, err := blocks.PinBlock(name)
+	switch {
+	case errors.Is(err, api.ErrPermissionDenied):
+		return respond(tcpRefused, 0, 0, nil)
+	case err != nil:
+		return respond(tcpMissing, 0, 0, nil)
+	}
+	defer blocks.UnpinBlock(pin)
+	have := uint64(len(pin.Mem))
+	switch {
+	case have != size:
+		return respond(tcpWrongSize, pin.CRC, have, nil)
+	case off > have || n > have-off:
+		return respond(tcpMissing, 0, 0, nil)
+	}
+	return respond(tcpOK, pin.CRC, n, pin.Mem[off:off+n])
 }
 
 // Close fails every connection and waits for their goroutines.

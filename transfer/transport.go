@@ -57,6 +57,48 @@ type Op struct {
 	// verify what crossed the wire, and reading it all again afterwards
 	// would cost a pass over cold memory.
 	Checksum bool
+	// Name, when its Key is set, addresses a read by the block's name
+	// instead of Region and Offset: the peer pins the block for as long
+	// as it sends it, so no pin round trip comes first (transports that
+	// implement NamedReader only; others fail the op). Local must have
+	// the block's size: a block of another size fails the op with
+	// ErrBlockSize and moves nothing. Batch.OpPeerCRC is then the
+	// checksum the peer holds for the block.
+	Name BlockName
+}
+
+// BlockName names a block on a peer: a named read's address.
+type BlockName struct {
+	Tenant, Namespace, Key []byte
+}
+
+// NamedReader is implemented by transports that serve reads addressed by
+// a block's name (Op.Name).
+type NamedReader interface {
+	Transport
+	// ReadsByName reports that Submit takes ops with Op.Name set.
+	ReadsByName() bool
+}
+
+// BlockSource is what a transport serving named reads needs of the
+// node's store: the block's bytes, held in place from PinBlock until
+// UnpinBlock. A non-nil error refuses the read before any byte moves: an
+// api.ErrNotFound when the block is not there, an
+// api.ErrPermissionDenied when the caller may not read it. Safe for
+// concurrent use.
+type BlockSource interface {
+	PinBlock(name BlockName) (PinnedBlock, error)
+	UnpinBlock(PinnedBlock)
+}
+
+// PinnedBlock is a block held in place for a named read.
+type PinnedBlock struct {
+	// Mem is the block's bytes; valid until UnpinBlock.
+	Mem []byte
+	// CRC is the checksum the node holds for them (CRC-32C).
+	CRC uint32
+	// Handle is the source's, for UnpinBlock.
+	Handle uint64
 }
 
 // Transport moves bytes one-sidedly between registered memory on peers and
@@ -91,6 +133,9 @@ var (
 	ErrPeer = mark("transfer: peer unavailable", api.ErrUnavailable)
 	// ErrClosed: the transport is closed. It is an api.ErrUnavailable.
 	ErrClosed = mark("transfer: transport closed", api.ErrUnavailable)
+	// ErrBlockSize: a named read's block has another size than the op's
+	// buffer. It is an api.ErrFailedPrecondition.
+	ErrBlockSize = mark("transfer: block is not the size asked for", api.ErrFailedPrecondition)
 )
 
 // markedError is a sentinel with its own message that unwraps to the api
@@ -111,6 +156,7 @@ type Batch struct {
 	mu      sync.Mutex
 	errs    []error
 	crcs    []uint32
+	peerCRC []uint32 // named reads': what the peer holds for the block
 	pending int
 	bytes   uint64
 	// onDone runs once, as the last op completes and before Done closes.
@@ -125,7 +171,7 @@ type Batch struct {
 // NewBatch returns a batch of n ops; implementations call Complete once
 // per op.
 func NewBatch(n int) *Batch {
-	b := &Batch{done: make(chan struct{}), errs: make([]error, n), crcs: make([]uint32, n), pending: n}
+	b := &Batch{done: make(chan struct{}), errs: make([]error, n), crcs: make([]uint32, n), peerCRC: make([]uint32, n), pending: n}
 	if n == 0 {
 		close(b.done)
 	}
@@ -137,10 +183,17 @@ func (b *Batch) Complete(i int, moved uint64, err error) { b.CompleteCRC(i, move
 
 // CompleteCRC is Complete for a read that computed its checksum.
 func (b *Batch) CompleteCRC(i int, moved uint64, crc uint32, err error) {
+	b.CompleteNamed(i, moved, crc, 0, err)
+}
+
+// CompleteNamed is CompleteCRC for a named read, with the checksum the
+// peer holds for the block (Op.Name).
+func (b *Batch) CompleteNamed(i int, moved uint64, crc, peerCRC uint32, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.errs[i] = err
 	b.crcs[i] = crc
+	b.peerCRC[i] = peerCRC
 	b.bytes += moved
 	b.pending--
 	if b.pending == 0 {
@@ -237,6 +290,14 @@ func (b *Batch) OpCRC(i int) uint32 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.crcs[i]
+}
+
+// OpPeerCRC returns the checksum the peer holds for the block named read
+// i read (Op.Name), when it succeeded.
+func (b *Batch) OpPeerCRC(i int) uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.peerCRC[i]
 }
 
 // Bytes returns how many bytes completed ops moved.

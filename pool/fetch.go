@@ -225,7 +225,7 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	if size == 0 {
 		return f.pullPinned(ctx, holder, tr, peer, tenant, namespace, keys, items, timeout, begin, out)
 	}
-	p := pull{holder: holder, tr: tr, timeout: timeout, begin: begin, named: true}
+	p := pull{holder: holder, tr: tr, peer: peer, timeout: timeout, begin: begin, named: true}
 	t, ns := []byte(tenant), []byte(namespace)
 	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return size, nil }, func(k int) transfer.Op {
 		return transfer.Op{Kind: transfer.Read, Peer: peer, Name: transfer.BlockName{Tenant: t, Namespace: ns, Key: keys[items[k]]}, Checksum: true}
@@ -285,7 +285,7 @@ func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr
 			break
 		}
 	}
-	p := pull{holder: holder, tr: tr, timeout: timeout, begin: begin, pins: pins}
+	p := pull{holder: holder, tr: tr, peer: peer, timeout: timeout, begin: begin, pins: pins}
 	p.release = func() {
 		// The bytes are here or given up on: the holder may let go of
 		// them, and the connection serve the next pull.
@@ -305,6 +305,7 @@ func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr
 type pull struct {
 	holder  metadata.NodeRecord
 	tr      transfer.Transport
+	peer    string // holder's address on tr
 	timeout time.Duration
 	begin   time.Time
 	named   bool
@@ -436,12 +437,17 @@ func (p *pull) after(f *fetcher) func(answering time.Duration) {
 		if !observe {
 			return
 		}
-		first, firstBytes := batch.FirstResponse()
-		if p.named && !first.IsZero() {
-			// No pin measured the round trip: the wait for the first
-			// response did (the holder's pin is part of its service).
-			f.links.Observe(holder.ID, 0, first.Sub(p.t0), p.end)
+		if rt, ok := p.tr.(transfer.RTTReporter); ok && p.named {
+			// No pin measured the round trip. The wait for the first
+			// response would overstate it (the holder pins the block and
+			// starts writing it first, and on a host the two daemons
+			// share it waits for a processor too): the kernel's own
+			// estimate of the connection's round trip stands in.
+			if d, ok := rt.RTT(p.peer); ok {
+				f.links.Observe(holder.ID, 0, d, p.end)
+			}
 		}
+		first, firstBytes := batch.FirstResponse()
 		f.links.ObserveRead(holder.ID, int64(batch.Bytes()), p.t0, first, int64(firstBytes), p.end)
 		if p.werr == nil {
 			// The whole fetch, from the call to the commits and the

@@ -511,7 +511,12 @@ func TestFetchReadsByNameOnceTheBlockSizeIsKnown(t *testing.T) {
 		}
 	}
 	fetch(keys[:1], map[string]float64{"pin": 1})
+	rtts := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()).RTTSamples
 	fetch(keys[1:4], map[string]float64{"name": 3})
+	// No pin measured the round trip: the transport's connection did.
+	if est := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()); est.RTTSamples <= rtts || est.RTT <= 0 {
+		t.Fatalf("the named reads left the link's round trip unmeasured: %d samples before, %+v", rtts, est)
+	}
 	fetch(keys[4:7], map[string]float64{"name": 2, "pin": 1})
 	for i, k := range keys {
 		want := blockValue(i, size)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvpool/kvpool/api"
 )
@@ -41,6 +42,14 @@ type Faulty struct {
 }
 
 var _ NamedReader = (*Faulty)(nil)
+
+// RTT implements RTTReporter when the wrapped Transport does.
+func (f *Faulty) RTT(peer string) (time.Duration, bool) {
+	if r, ok := f.Transport.(RTTReporter); ok {
+		return r.RTT(peer)
+	}
+	return 0, false
+}
 
 // ReadsByName implements NamedReader when the wrapped Transport does.
 func (f *Faulty) ReadsByName() bool {

@@ -13,7 +13,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvpool/kvpool/api"
 	"github.com/kvpool/kvpool/api/wire"
@@ -80,7 +83,10 @@ type TCP struct {
 	wg     sync.WaitGroup
 }
 
-var _ NamedReader = (*TCP)(nil)
+var (
+	_ NamedReader = (*TCP)(nil)
+	_ RTTReporter = (*TCP)(nil)
+)
 
 // NewTCP returns a tcp transport.
 func NewTCP(cfg TCPConfig) *TCP {
@@ -116,6 +122,46 @@ func (t *TCP) Register(id RegionID, mem []byte) error { return t.register(id, me
 
 // Deregister implements Transport.
 func (t *TCP) Deregister(id RegionID) { t.deregister(id) }
+
+// RTT implements RTTReporter: the kernel's smoothed round trip of a
+// connection to peer (TCP_INFO), the network's own without the peer's
+// service time; false while none is connected.
+func (t *TCP) RTT(peer string) (time.Duration, bool) {
+	t.mu.Lock()
+	p := t.peers[peer]
+	t.mu.Unlock()
+	if p == nil {
+		return 0, false
+	}
+	var nc net.Conn
+	p.mu.Lock()
+	for _, c := range p.conns {
+		if c != nil && !c.broken.Load() {
+			if nc = c.connected(); nc != nil {
+				break
+			}
+		}
+	}
+	p.mu.Unlock()
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	if err := rc.Control(func(fd uintptr) {
+		info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil || info == nil || info.Rtt == 0 {
+		return 0, false
+	}
+	return time.Duration(info.Rtt) * time.Microsecond, true
+}
 
 // ReadsByName implements NamedReader: a connection served with a
 // BlockSource (ServeConnWith) serves named reads.

@@ -330,3 +330,28 @@ func FuzzTCPServe(f *testing.F) {
 		}
 	})
 }
+
+// The tcp transport reports the kernel's round trip of a connection once
+// one is up, and nothing for a peer it never reached.
+func TestTCPReportsTheKernelsRoundTrip(t *testing.T) {
+	server := NewTCP(TCPConfig{})
+	defer server.Close()
+	server.Register(7, make([]byte, 1<<20))
+	addr := serveTCP(t, server)
+	client := NewTCP(TCPConfig{})
+	defer client.Close()
+	if _, ok := client.RTT(addr); ok {
+		t.Fatal("a round trip to a peer never dialed")
+	}
+	if err := client.Submit(context.Background(), []Op{{Kind: Read, Peer: addr, Region: 7, Local: make([]byte, 1<<20)}}).Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d, ok := client.RTT(addr)
+	if !ok || d <= 0 || d > time.Second {
+		t.Fatalf("round trip %v (%v) after a read over loopback", d, ok)
+	}
+	var f RTTReporter = &Faulty{Transport: client}
+	if _, ok := f.RTT(addr); !ok {
+		t.Fatal("Faulty hides its transport's round trip")
+	}
+}

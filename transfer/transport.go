@@ -80,6 +80,15 @@ type NamedReader interface {
 	ReadsByName() bool
 }
 
+// RTTReporter is implemented by transports that can tell a link's round
+// trip without a request of their own: the tcp transport reads the
+// kernel's smoothed RTT of a connection to the peer (TCP_INFO).
+type RTTReporter interface {
+	// RTT returns the round trip to peer, and false when no connection
+	// to it is up.
+	RTT(peer string) (time.Duration, bool)
+}
+
 // BlockSource is what a transport serving named reads needs of the
 // node's store: the block's bytes, held in place from PinBlock until
 // UnpinBlock. A non-nil error refuses the read before any byte moves: an

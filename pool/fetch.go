@@ -230,12 +230,13 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return size, nil }, func(k int) transfer.Op {
 		return transfer.Op{Kind: transfer.Read, Peer: peer, Name: transfer.BlockName{Tenant: t, Namespace: ns, Key: keys[items[k]]}, Checksum: true}
 	})
-	resized := p.run(ctx, f, keys, items, errs, out)
+	resized := append(p.unreserved, p.run(ctx, f, keys, items, errs, out)...)
 	if len(resized) == 0 {
 		return errs, p.after(f)
 	}
-	// Blocks of another size than the namespace's last: pinned, which
-	// learns their size (the next named reads ask for it).
+	// Blocks of another size than the namespace's last, and those it
+	// found no room for at that size: pinned, which learns their size
+	// (the next named reads ask for it).
 	sub := make([]int, len(resized))
 	for j, k := range resized {
 		sub[j] = items[k]
@@ -312,12 +313,15 @@ type pull struct {
 	pins    []peerPin // by item, when pinned
 	release func()    // lets go of the pins; nil when named
 
-	ops     []transfer.Op
-	res     []*store.Reservation // by item; nil: not read
-	opOf    []int                // by item: its op, or -1
-	t0, end time.Time
-	batch   *transfer.Batch
-	werr    error
+	ops []transfer.Op
+	res []*store.Reservation // by item; nil: not read
+	// unreserved are the items (indexes into items) a named pull found
+	// no room for at the namespace's size: the caller pins them.
+	unreserved []int
+	opOf       []int // by item: its op, or -1
+	t0, end    time.Time
+	batch      *transfer.Batch
+	werr       error
 }
 
 // reserve makes each item's local reservation, of the size sizeOf gives
@@ -338,6 +342,12 @@ func (p *pull) reserve(f *fetcher, tenant, namespace string, keys [][]byte, item
 			continue
 		}
 		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(size), true)
+		if err != nil && p.named {
+			// The size was the namespace's last, not this block's (a
+			// larger one may not fit where the block itself would).
+			p.unreserved = append(p.unreserved, k)
+			continue
+		}
 		if err != nil {
 			errs[k] = err
 			f.fetchFailures.WithLabelValues(fetchSpace).Inc()

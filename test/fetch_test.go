@@ -534,3 +534,46 @@ func TestFetchReadsByNameOnceTheBlockSizeIsKnown(t *testing.T) {
 		return c.Nodes[0].Node.Store().Stats().Pins == 0
 	})
 }
+
+// A block too large for the fetcher teaches it a size at which the next
+// block of the namespace does not fit: that block is pinned and fetched at
+// its own size instead of failing for want of space.
+func TestFetchFallsBackToAPinWhenTheLearnedSizeDoesNotFit(t *testing.T) {
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	c := cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		pc.Registerer, pc.Gatherer = regs[i], regs[i]
+		pc.Transport = transfer.ProtocolTCP
+		if i == 1 {
+			pc.CapacityBytes, pc.MaxBlockBytes = 4<<20, 4<<20
+		}
+	}})
+	keys := chainKeys(t, 45, 2)
+	big, small := blockValue(0, 6<<20), blockValue(1, 1<<20)
+	put := c.Client(0, api.PathData)
+	for i, v := range [][]byte{big, small} {
+		if err := put.Put(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: keys[i]}, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Converged(10 * time.Second)
+	eng := c.Client(1, api.PathData)
+	res, err := eng.Fetch(context.Background(), "acme", "llama3-8b", keys[:1], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err == nil {
+		t.Fatalf("a 6 MiB block fetched into a 4 MiB arena: %+v", res[0])
+	}
+	res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys[1:], 0)
+	if err != nil || res[0].Err != nil || res[0].Source != "node-0" {
+		t.Fatalf("the 1 MiB block after it: %v %+v", err, res)
+	}
+	got, err := eng.GetValue(context.Background(), api.BlockKey{Tenant: "acme", Namespace: "llama3-8b", Key: keys[1]})
+	if err != nil || !bytes.Equal(got, small) {
+		t.Fatalf("the 1 MiB block after the fetch: %v", err)
+	}
+	by := counters(t, regs[1], "kvpool_transfer_fetched_blocks_total", func(l map[string]string) string { return l["addressed"] })
+	if by["pin"] != 1 || by["name"] != 0 {
+		t.Fatalf("blocks fetched by how they were addressed: %v, want the 1 MiB block pinned", by)
+	}
+}

@@ -436,7 +436,7 @@ func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, 
 // after the first response (the cost model plans fetches with it).
 func (p *pull) after(f *fetcher) func(answering time.Duration) {
 	batch, holder := p.batch, p.holder
-	observe := p.werr == nil || batch.Bytes() > 0
+	observe := len(p.ops) > 0 && (p.werr == nil || batch.Bytes() > 0)
 	if !observe && p.release == nil {
 		return nil
 	}

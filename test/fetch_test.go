@@ -564,6 +564,10 @@ func TestFetchFallsBackToAPinWhenTheLearnedSizeDoesNotFit(t *testing.T) {
 	if res[0].Err == nil {
 		t.Fatalf("a 6 MiB block fetched into a 4 MiB arena: %+v", res[0])
 	}
+	// The pull moved nothing: its only round-trip sample is the pin's.
+	if est := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()); est.RTTSamples != 1 {
+		t.Fatalf("%d round-trip samples after a fetch that only pinned, want the pin's 1", est.RTTSamples)
+	}
 	res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys[1:], 0)
 	if err != nil || res[0].Err != nil || res[0].Source != "node-0" {
 		t.Fatalf("the 1 MiB block after it: %v %+v", err, res)

@@ -225,9 +225,9 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	if size == 0 {
 		return f.pullPinned(ctx, holder, tr, peer, tenant, namespace, keys, items, timeout, begin, out)
 	}
-	p := pull{holder: holder, tr: tr, peer: peer, timeout: timeout, begin: begin, named: true}
+	p := pull{holder: holder, tr: tr, peer: peer, timeout: timeout, begin: begin}
 	t, ns := []byte(tenant), []byte(namespace)
-	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return size, nil }, func(k int) transfer.Op {
+	errs := p.reserve(f, t, ns, keys, items, func(k int) (uint64, error) { return size, nil }, func(k int) transfer.Op {
 		return transfer.Op{Kind: transfer.Read, Peer: peer, Name: transfer.BlockName{Tenant: t, Namespace: ns, Key: keys[items[k]]}, Checksum: true}
 	})
 	resized := append(p.unreserved, p.run(ctx, f, keys, items, errs, out)...)
@@ -294,7 +294,7 @@ func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr
 		f.peers.Put(addr, pc)
 		f.links.Observe(holder.ID, 0, pinned, f.now())
 	}
-	errs := p.reserve(f, tenant, namespace, keys, items, func(k int) (uint64, error) { return pins[k].size, pins[k].err }, func(k int) transfer.Op {
+	errs := p.reserve(f, []byte(tenant), []byte(namespace), keys, items, func(k int) (uint64, error) { return pins[k].size, pins[k].err }, func(k int) transfer.Op {
 		return transfer.Op{Kind: transfer.Read, Peer: peer, Region: arenaRegion, Offset: pins[k].offset, Checksum: true}
 	})
 	p.run(ctx, f, keys, items, errs, out)
@@ -309,8 +309,7 @@ type pull struct {
 	peer    string // holder's address on tr
 	timeout time.Duration
 	begin   time.Time
-	named   bool
-	pins    []peerPin // by item, when pinned
+	pins    []peerPin // by item; nil: the blocks are read by name
 	release func()    // lets go of the pins; nil when named
 
 	ops []transfer.Op
@@ -324,15 +323,17 @@ type pull struct {
 	werr       error
 }
 
+// named reports whether the pull reads its blocks by name.
+func (p *pull) named() bool { return p.pins == nil }
+
 // reserve makes each item's local reservation, of the size sizeOf gives
 // (or its error), and its op (opFor, which run completes with the
 // reservation's bytes). It returns each item's error so far.
-func (p *pull) reserve(f *fetcher, tenant, namespace string, keys [][]byte, items []int, sizeOf func(k int) (uint64, error), opFor func(k int) transfer.Op) []error {
+func (p *pull) reserve(f *fetcher, t, ns []byte, keys [][]byte, items []int, sizeOf func(k int) (uint64, error), opFor func(k int) transfer.Op) []error {
 	errs := make([]error, len(items))
 	p.ops = make([]transfer.Op, 0, len(items))
 	p.res = make([]*store.Reservation, len(items))
 	p.opOf = make([]int, len(items))
-	t, ns := []byte(tenant), []byte(namespace)
 	for k := range items {
 		p.opOf[k] = -1
 		size, err := sizeOf(k)
@@ -342,7 +343,7 @@ func (p *pull) reserve(f *fetcher, tenant, namespace string, keys [][]byte, item
 			continue
 		}
 		r, err := f.store.Reserve(t, ns, keys[items[k]], int64(size), true)
-		if err != nil && p.named {
+		if err != nil && p.named() {
 			// The size was the namespace's last, not this block's (a
 			// larger one may not fit where the block itself would).
 			p.unreserved = append(p.unreserved, k)
@@ -378,7 +379,7 @@ func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, 
 		<-batch.Done()
 	}
 	addressed := addressedByPin
-	if p.named {
+	if p.named() {
 		addressed = addressedByName
 	}
 	for k, i := range items {
@@ -389,7 +390,7 @@ func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, 
 		op := p.opOf[k]
 		if err := batch.OpErr(op); err != nil {
 			f.store.Abort(r)
-			if p.named && errors.Is(err, transfer.ErrBlockSize) {
+			if p.named() && errors.Is(err, transfer.ErrBlockSize) {
 				resized = append(resized, k)
 				continue
 			}
@@ -404,7 +405,7 @@ func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, 
 		// response; the transport checksummed the bytes as they arrived;
 		// the commit compares them.
 		want := batch.OpPeerCRC(op)
-		if !p.named {
+		if !p.named() {
 			want = p.pins[k].crc
 		}
 		if _, err := f.store.Commit(r, batch.OpCRC(op), true, want, true); err != nil && !errors.Is(err, api.ErrAlreadyExists) {
@@ -447,7 +448,7 @@ func (p *pull) after(f *fetcher) func(answering time.Duration) {
 		if !observe {
 			return
 		}
-		if rt, ok := p.tr.(transfer.RTTReporter); ok && p.named {
+		if rt, ok := p.tr.(transfer.RTTReporter); ok && p.named() {
 			// No pin measured the round trip. The wait for the first
 			// response would overstate it (the holder pins the block and
 			// starts writing it first, and on a host the two daemons
@@ -464,7 +465,7 @@ func (p *pull) after(f *fetcher) func(answering time.Duration) {
 			// answer, fits the link's fixed and per-block costs.
 			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+answering, p.end)
 		}
-		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "named", p.named, "before_read", p.t0.Sub(p.begin),
+		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "named", p.named(), "before_read", p.t0.Sub(p.begin),
 			"first_response", first.Sub(p.t0), "read_and_commit", p.end.Sub(p.t0))
 	}
 }

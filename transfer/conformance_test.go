@@ -27,11 +27,11 @@ type pair struct {
 type factory func(t *testing.T, mem []byte) pair
 
 // serveTCP runs a tcp transport's server side on a loopback listener.
-func serveTCP(t *testing.T, server *TCP) string { return serveTCPAccess(t, server, nil) }
+func serveTCP(t *testing.T, server *TCP) string { return serveTCPWith(t, server, nil) }
 
-// serveTCPAccess is serveTCP with the requests of the k-th connection
-// accepted (from 0) checked by accessFor(k), when accessFor is set.
-func serveTCPAccess(t *testing.T, server *TCP, accessFor func(k int) Access) string {
+// serveTCPWith is serveTCP with the k-th connection accepted (from 0)
+// served with what servingFor(k) gives it, when servingFor is set.
+func serveTCPWith(t *testing.T, server *TCP, servingFor func(k int) Serving) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,9 +45,9 @@ func serveTCPAccess(t *testing.T, server *TCP, accessFor func(k int) Access) str
 			if err != nil {
 				return
 			}
-			var access Access
-			if accessFor != nil {
-				access = accessFor(k)
+			var serving Serving
+			if servingFor != nil {
+				serving = servingFor(k)
 			}
 			wg.Go(func() {
 				defer c.Close()
@@ -55,7 +55,7 @@ func serveTCPAccess(t *testing.T, server *TCP, accessFor func(k int) Access) str
 				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
 					return
 				}
-				server.ServeConnWith(ctx, c, Serving{Access: access})
+				server.ServeConnWith(ctx, c, serving)
 			})
 		}
 	})

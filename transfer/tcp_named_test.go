@@ -82,40 +82,6 @@ func (s *blockSource) held() int {
 	return s.pinned
 }
 
-// serveTCPBlocks serves server's connections with blocks as their
-// BlockSource.
-func serveTCPBlocks(t *testing.T, server *TCP, blocks BlockSource) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				var pre [8]byte
-				if _, err := io.ReadFull(c, pre[:]); err != nil || pre != TCPPreamble {
-					return
-				}
-				server.ServeConnWith(ctx, c, Serving{Blocks: blocks})
-			})
-		}
-	})
-	t.Cleanup(func() {
-		cancel()
-		ln.Close()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 func TestTCPNamedReads(t *testing.T) {
 	const size = 96<<10 + 5 // 13 slices of 8 KiB
 	block := make([]byte, size)
@@ -160,7 +126,7 @@ func TestTCPNamedReads(t *testing.T) {
 			}
 			server := NewTCP(TCPConfig{})
 			defer server.Close()
-			addr := serveTCPBlocks(t, server, src)
+			addr := serveTCPWith(t, server, func(int) Serving { return Serving{Blocks: src} })
 			client := NewTCP(TCPConfig{SliceBytes: 8 << 10, WindowBytes: 16 << 10})
 			defer client.Close()
 			local := make([]byte, tc.local)

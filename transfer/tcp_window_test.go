@@ -32,24 +32,24 @@ func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
 		served   [2]atomic.Int32 // requests served, by the order connections were accepted
 		progress = make(chan struct{}, slices)
 	)
-	addr := serveTCPAccess(t, server, func(k int) Access {
+	addr := serveTCPWith(t, server, func(k int) Serving {
 		if k > 1 {
 			t.Errorf("connection %d accepted; the transport keeps 2", k+1)
-			return func(context.Context, Kind, RegionID, uint64, uint64) error { return api.ErrPermissionDenied }
+			return Serving{Access: func(context.Context, Kind, RegionID, uint64, uint64) error { return api.ErrPermissionDenied }}
 		}
-		return func(context.Context, Kind, RegionID, uint64, uint64) error {
+		return Serving{Access: func(context.Context, Kind, RegionID, uint64, uint64) error {
 			if k == 0 {
 				<-release // the first connection stalls on its first request
 			}
 			served[k].Add(1)
 			progress <- struct{}{}
 			return nil
-		}
+		}}
 	})
 	var releaseOnce sync.Once
 	unstall := func() { releaseOnce.Do(func() { close(release) }) }
 	// (Cleanups run last first: a failed test unstalls the server before
-	// serveTCPAccess waits for it.)
+	// serveTCPWith waits for it.)
 	t.Cleanup(func() { unstall(); server.Close() })
 
 	ctx := context.Background()

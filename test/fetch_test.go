@@ -511,12 +511,17 @@ func TestFetchReadsByNameOnceTheBlockSizeIsKnown(t *testing.T) {
 		}
 	}
 	fetch(keys[:1], map[string]float64{"pin": 1})
-	rtts := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()).RTTSamples
+	// The link's observations come with a fetch's bookkeeping, after its
+	// answer.
+	link := func() transfer.Estimate { return c.Nodes[1].Node.Links().Estimate("node-0", time.Now()) }
+	c.Eventually("the pin's round trip to be recorded", 10*time.Second, func() bool { return link().RTTSamples >= 1 })
+	rtts := link().RTTSamples
 	fetch(keys[1:4], map[string]float64{"name": 3})
 	// No pin measured the round trip: the transport's connection did.
-	if est := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()); est.RTTSamples <= rtts || est.RTT <= 0 {
-		t.Fatalf("the named reads left the link's round trip unmeasured: %d samples before, %+v", rtts, est)
-	}
+	c.Eventually("the named reads to measure the round trip", 10*time.Second, func() bool {
+		est := link()
+		return est.RTTSamples > rtts && est.RTT > 0
+	})
 	fetch(keys[4:7], map[string]float64{"name": 2, "pin": 1})
 	for i, k := range keys {
 		want := blockValue(i, size)
@@ -564,9 +569,12 @@ func TestFetchFallsBackToAPinWhenTheLearnedSizeDoesNotFit(t *testing.T) {
 	if res[0].Err == nil {
 		t.Fatalf("a 6 MiB block fetched into a 4 MiB arena: %+v", res[0])
 	}
-	// The pull moved nothing: its only round-trip sample is the pin's.
-	if est := c.Nodes[1].Node.Links().Estimate("node-0", time.Now()); est.RTTSamples != 1 {
-		t.Fatalf("%d round-trip samples after a fetch that only pinned, want the pin's 1", est.RTTSamples)
+	// The pull moved nothing: its only round-trip sample is the pin's,
+	// recorded with the fetch's bookkeeping, after the answer.
+	rttSamples := func() int64 { return c.Nodes[1].Node.Links().Estimate("node-0", time.Now()).RTTSamples }
+	c.Eventually("the pin's round trip to be recorded", 10*time.Second, func() bool { return rttSamples() >= 1 })
+	if n := rttSamples(); n != 1 {
+		t.Fatalf("%d round-trip samples after a fetch that only pinned, want the pin's 1", n)
 	}
 	res, err = eng.Fetch(context.Background(), "acme", "llama3-8b", keys[1:], 0)
 	if err != nil || res[0].Err != nil || res[0].Source != "node-0" {

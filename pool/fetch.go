@@ -370,9 +370,8 @@ func (p *pull) reserve(f *fetcher, t, ns []byte, keys [][]byte, items []int, siz
 func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, errs []error, out []api.FetchResult) (resized []int) {
 	holder := p.holder
 	p.t0 = time.Now()
-	batch := p.tr.Submit(ctx, p.ops)
-	p.batch = batch
-	p.werr = batch.Wait(ctx)
+	batch, werr := transfer.Run(ctx, p.tr, p.ops)
+	p.batch, p.werr = batch, werr
 	if ctx.Err() != nil {
 		// Some ops may still be writing into reservations: wait for the
 		// transport to let go before giving the space back.

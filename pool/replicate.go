@@ -105,8 +105,7 @@ func (f *fetcher) pushCopy(ctx context.Context, target metadata.NodeRecord, tena
 	}
 	handle := resp.Handle
 	start := time.Now()
-	b := tr.Submit(ctx, []transfer.Op{{Kind: transfer.Write, Peer: peer, Region: arenaRegion, Offset: resp.Offset, Local: pin.Mem}})
-	werr := b.Wait(ctx)
+	b, werr := transfer.Run(ctx, tr, []transfer.Op{{Kind: transfer.Write, Peer: peer, Region: arenaRegion, Offset: resp.Offset, Local: pin.Mem}})
 	<-b.Done()
 	if werr != nil {
 		pc.Notify(&wire.Request{Op: wire.OpAbort, Handle: handle}, 5*time.Second)

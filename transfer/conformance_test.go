@@ -3,10 +3,13 @@ package transfer
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/api/auth"
 )
 
 // pair is a client transport and the address of a peer serving region 7.
@@ -37,6 +41,11 @@ func serveTCPWith(t *testing.T, server *TCP, servingFor func(k int) Serving) str
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTCPOn(t, ln, server, servingFor)
+}
+
+// serveTCPOn is serveTCPWith on ln.
+func serveTCPOn(t *testing.T, ln net.Listener, server *TCP, servingFor func(k int) Serving) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -88,8 +97,23 @@ func pattern(n int, seed uint64) []byte {
 	return b
 }
 
-// runConformance is the suite every transport passes.
+// runConformance is the suite every transport passes, its batches
+// submitted and then waited for, and again run by Run (which tcp drives
+// on the calling goroutine).
 func runConformance(t *testing.T, newPair factory) {
+	t.Run("Submit", func(t *testing.T) {
+		runConformanceWith(t, newPair, func(ctx context.Context, tr Transport, ops []Op) (*Batch, error) {
+			b := tr.Submit(ctx, ops)
+			return b, b.Wait(ctx)
+		})
+	})
+	t.Run("Run", func(t *testing.T) { runConformanceWith(t, newPair, Run) })
+}
+
+// errOf is the error of a batch run.
+func errOf(_ *Batch, err error) error { return err }
+
+func runConformanceWith(t *testing.T, newPair factory, run func(context.Context, Transport, []Op) (*Batch, error)) {
 	ctx := context.Background()
 	t.Run("tiny and huge reads", func(t *testing.T) {
 		mem := pattern(96<<20, 1)
@@ -97,8 +121,8 @@ func runConformance(t *testing.T, newPair factory) {
 		mem = p.mem // the region as the peer holds it
 		for _, r := range []struct{ off, n int }{{5, 1}, {0, 0}, {4095, 2}, {1 << 20, 64 << 20}, {len(mem) - 3, 3}} {
 			local := make([]byte, r.n)
-			b := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(r.off), Local: local}})
-			if err := b.Wait(ctx); err != nil {
+			b, err := run(ctx, p.client, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(r.off), Local: local}})
+			if err != nil {
 				t.Fatalf("read [%d,+%d): %v", r.off, r.n, err)
 			}
 			if !bytes.Equal(local, mem[r.off:r.off+r.n]) {
@@ -139,8 +163,8 @@ func runConformance(t *testing.T, newPair factory) {
 		for i, n := range []int{1, 64 << 10, 1<<20 + 7, 5 << 20, 0} {
 			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: uint64(i * 333), Local: make([]byte, n), Checksum: true})
 		}
-		b := p.client.Submit(ctx, ops)
-		if err := b.Wait(ctx); err != nil {
+		b, err := run(ctx, p.client, ops)
+		if err != nil {
 			t.Fatal(err)
 		}
 		for i, op := range ops {
@@ -153,11 +177,11 @@ func runConformance(t *testing.T, newPair factory) {
 		mem := make([]byte, 4<<20)
 		p := newPair(t, mem)
 		data := pattern(3<<20+17, 3)
-		if err := p.client.Submit(ctx, []Op{{Kind: Write, Peer: p.peer, Region: 7, Offset: 100, Local: data}}).Wait(ctx); err != nil {
+		if err := errOf(run(ctx, p.client, []Op{{Kind: Write, Peer: p.peer, Region: 7, Offset: 100, Local: data}})); err != nil {
 			t.Fatal(err)
 		}
 		back := make([]byte, len(data))
-		if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: 100, Local: back}}).Wait(ctx); err != nil {
+		if err := errOf(run(ctx, p.client, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: 100, Local: back}})); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(back, data) {
@@ -175,8 +199,8 @@ func runConformance(t *testing.T, newPair factory) {
 			{Kind: Write, Peer: p.peer, Region: 99, Offset: 0, Local: make([]byte, 3000)},
 			{Kind: Read, Peer: p.peer, Region: 7, Offset: 500, Local: make([]byte, 2<<20-600)[:400000]},
 		}
-		b := p.client.Submit(ctx, ops)
-		if err := b.Wait(ctx); err == nil {
+		b, err := run(ctx, p.client, ops)
+		if err == nil {
 			t.Fatal("a batch with bad ops reported no error")
 		}
 		for i, want := range []error{nil, ErrNoRegion, ErrNoRegion, ErrNoRegion, nil} {
@@ -200,16 +224,21 @@ func runConformance(t *testing.T, newPair factory) {
 		for range 16 {
 			ops = append(ops, Op{Kind: Read, Peer: p.peer, Region: 7, Offset: 0, Local: make([]byte, 64<<20)})
 		}
-		b := p.client.Submit(cctx, ops)
+		ran := make(chan *Batch, 1)
+		go func() {
+			b, _ := run(cctx, p.client, ops)
+			ran <- b
+		}()
 		cancel()
 		select {
-		case <-b.Done():
+		case b := <-ran:
+			<-b.Done()
 		case <-time.After(5 * time.Second):
 			t.Fatal("a cancelled batch did not complete")
 		}
 		// The transport recovers for the next batch.
 		local := make([]byte, 1<<20)
-		if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: local}}).Wait(ctx); err != nil {
+		if err := errOf(run(ctx, p.client, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: local}})); err != nil {
 			t.Fatalf("after a cancellation: %v", err)
 		}
 		if !bytes.Equal(local, mem[:1<<20]) {
@@ -226,7 +255,16 @@ func runConformance(t *testing.T, newPair factory) {
 				for i := range 20 {
 					off := uint64((g*1_000_003 + i*77_777) % (len(mem) - 300_000))
 					local := make([]byte, 1+(g*i*9973)%300_000)
-					if err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: off, Local: local}}).Wait(ctx); err != nil {
+					ops := []Op{{Kind: Read, Peer: p.peer, Region: 7, Offset: off, Local: local}}
+					var err error
+					if g%2 == 0 {
+						err = errOf(run(ctx, p.client, ops))
+					} else {
+						// Batches nobody drives share the connections
+						// with those Run drives.
+						err = p.client.Submit(ctx, ops).Wait(ctx)
+					}
+					if err != nil {
 						t.Errorf("goroutine %d: %v", g, err)
 						return
 					}
@@ -244,7 +282,7 @@ func runConformance(t *testing.T, newPair factory) {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
 		dead := ln.Addr().String()
 		ln.Close()
-		err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: dead, Region: 7, Local: make([]byte, 5)}}).Wait(ctx)
+		err := errOf(run(ctx, p.client, []Op{{Kind: Read, Peer: dead, Region: 7, Local: make([]byte, 5)}}))
 		if !errors.Is(err, ErrPeer) || !errors.Is(err, api.ErrUnavailable) {
 			t.Fatalf("read from a dead address: %v, want ErrPeer (api.ErrUnavailable)", err)
 		}
@@ -254,7 +292,7 @@ func runConformance(t *testing.T, newPair factory) {
 		if err := p.client.Close(); err != nil {
 			t.Fatal(err)
 		}
-		err := p.client.Submit(ctx, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: make([]byte, 5)}}).Wait(ctx)
+		err := errOf(run(ctx, p.client, []Op{{Kind: Read, Peer: p.peer, Region: 7, Local: make([]byte, 5)}}))
 		if !errors.Is(err, ErrClosed) || !errors.Is(err, api.ErrUnavailable) {
 			t.Fatalf("read after Close: %v, want ErrClosed (api.ErrUnavailable)", err)
 		}
@@ -266,6 +304,39 @@ func runConformance(t *testing.T, newPair factory) {
 
 func TestTCPConformance(t *testing.T) {
 	runConformance(t, tcpFactory(TCPConfig{}))
+}
+
+// TestTCPConformanceTLS runs the suite through TLS, whose connections
+// their readers read even for a batch that Run drives.
+func TestTCPConformanceTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := auth.LoadOrMakeCA(dir, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Issue(dir, "node", auth.Identity{Role: auth.RoleNode, Name: "holder"}, auth.DefaultTrustDomain, []string{"127.0.0.1"}, true, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	runConformance(t, func(t *testing.T, mem []byte) pair {
+		server := NewTCP(TCPConfig{})
+		if err := server.Register(7, mem); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := serveTCPOn(t, tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}}), server, nil)
+		client := NewTCP(TCPConfig{TLS: &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}})
+		t.Cleanup(func() { client.Close(); server.Close() })
+		return pair{client: client, peer: addr, mem: mem}
+	})
 }
 
 func TestTCPConformanceOneConnTinySlices(t *testing.T) {

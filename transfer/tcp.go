@@ -204,6 +204,7 @@ const (
 type opState struct {
 	b        *Batch
 	i        int
+	peer     *tcpPeer
 	bytes    uint64
 	checksum bool
 	// name is a named read's block (Op.Name); named reads' slices carry
@@ -267,6 +268,31 @@ func (s *slice) finish(err error) {
 
 // Submit implements Transport.
 func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
+	b, _, _ := t.submit(ctx, ops, false)
+	return b
+}
+
+// run is Submit for a caller that waits for the batch next (Run): the
+// calling goroutine reads the batch's responses itself rather than sleep
+// until the connections' readers have. A fetch then wakes neither those
+// readers nor, once they are done, itself: each such wake-up is an
+// interprocessor interrupt on the fetch's critical path, and a reader
+// woken onto the core the caller is running on waits behind it. A
+// connection through TLS is read by its reader, as after Submit.
+func (t *TCP) run(ctx context.Context, ops []Op) *Batch {
+	b, states, peers := t.submit(ctx, ops, true)
+	t.drive(ctx, b, states)
+	for _, p := range peers {
+		p.undrive()
+	}
+	return b
+}
+
+// submit is Submit; driven registers the caller as a driver of every peer
+// the ops go to (see drive) before any request is sent, so the
+// connections' readers leave the responses to it. It returns the batch,
+// its ops' states and the peers.
+func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opState, []*tcpPeer) {
 	b := NewBatch(len(ops))
 	// One allocation per op for its slices: none per slice.
 	var (
@@ -295,7 +321,7 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 			peers, queued = append(peers, peer), append(queued, nil)
 		}
 		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
-		o := &opState{b: b, i: i, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
+		o := &opState{b: b, i: i, peer: peer, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
 			name: op.Name, named: named, slices: make([]slice, pieces)}
 		o.left.Store(int32(pieces))
 		states = append(states, o)
@@ -311,6 +337,9 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 		}
 	}
 	for k, p := range peers {
+		if driven {
+			p.drivers.Add(1)
+		}
 		p.submit(queued[k])
 	}
 	if ctx.Done() != nil && len(peers) > 0 {
@@ -329,7 +358,83 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 		// batches use.
 		b.OnDone(func() { stop() })
 	}
-	return b
+	return b, states, peers
+}
+
+// drive reads the responses of b's ops (states) on the calling goroutine
+// until b is done or ctx ends: whatever has arrived on any connection of
+// b's peers (other batches' responses on them too, in order), and when
+// nothing has, it waits on a connection that carries an unfinished slice
+// of b. It returns early when none of b's unfinished slices is on a
+// connection it can read (still queued for a window, or on a TLS or
+// broken connection): the caller then waits for b as after Submit, once
+// it has stopped driving.
+func (t *TCP) drive(ctx context.Context, b *Batch, states []*opState) {
+	var (
+		peers []*tcpPeer
+		conns []*tcpConn
+	)
+	for _, o := range states {
+		if !slices.Contains(peers, o.peer) {
+			peers = append(peers, o.peer)
+		}
+	}
+	for {
+		if done, _ := b.Poll(); done || ctx.Err() != nil {
+			return
+		}
+		progress := false
+		conns = conns[:0]
+		for _, p := range peers {
+			conns = p.appendConns(conns)
+		}
+		for _, c := range conns {
+			if !c.drivable() || c.pending.Load() == 0 || !c.rmu.TryLock() {
+				continue
+			}
+			moved, err := c.step(false)
+			c.rmu.Unlock()
+			if err != nil {
+				c.fail(err)
+			}
+			progress = progress || moved
+		}
+		if progress {
+			continue
+		}
+		c := unfinishedOn(states)
+		if c == nil {
+			return
+		}
+		c.rmu.Lock()
+		_, err := c.step(true)
+		c.rmu.Unlock()
+		if err != nil {
+			c.fail(err)
+		}
+	}
+}
+
+// unfinishedOn returns a connection the driver may wait on: one that
+// carries an unfinished slice of states' ops and has responses to come.
+func unfinishedOn(states []*opState) *tcpConn {
+	for _, o := range states {
+		for k := range o.slices {
+			s := &o.slices[k]
+			if s.finished.Load() {
+				continue
+			}
+			o.peer.mu.Lock()
+			c := s.conn
+			o.peer.mu.Unlock()
+			// pending first: a connection has sent once it is dialed,
+			// and its reading state set up.
+			if c != nil && c.pending.Load() > 0 && c.drivable() && !c.broken.Load() {
+				return c
+			}
+		}
+	}
+	return nil
 }
 
 // checkName refuses a named op that is not a read, or whose name does not
@@ -379,6 +484,36 @@ type tcpPeer struct {
 	mu    sync.Mutex
 	conns []*tcpConn
 	queue []*slice // submitted, given to no connection yet, in order
+	// drivers counts the goroutines reading this peer's responses
+	// themselves (TCP.run); while there are any, the connections'
+	// readers leave the reading to them.
+	drivers atomic.Int32
+}
+
+// appendConns appends p's connections that are dialed to cs.
+func (p *tcpPeer) appendConns(cs []*tcpConn) []*tcpConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		if c != nil && c.connected() != nil {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// undrive ends one driver's reading; the last one hands the connections
+// with responses still to come back to their readers.
+func (p *tcpPeer) undrive() {
+	if p.drivers.Add(-1) != 0 {
+		return
+	}
+	var buf [8]*tcpConn
+	for _, c := range p.appendConns(buf[:0]) {
+		if c.pending.Load() > 0 {
+			c.kickReader()
+		}
+	}
 }
 
 func (t *TCP) peer(addr string) (*tcpPeer, error) {
@@ -550,8 +685,18 @@ type tcpConn struct {
 	// starts while the connection is not broken, under mu.
 	direct sync.WaitGroup
 
-	wake    chan struct{} // the writer has work
-	sent    chan *slice   // sent and awaiting a response, in order
+	wake chan struct{} // the writer has work
+	sent chan *slice   // sent and awaiting a response, in order
+	// pending counts the slices sent whose responses are not all in
+	// (those in sent, and the one being read).
+	pending atomic.Int32
+	// kick wakes the reader: slices were sent while no driver reads the
+	// peer's responses, or the last driver stopped with some to come.
+	kick chan struct{}
+	// rmu is held by whoever reads the responses (the reader, or a
+	// driver), and guards rd.
+	rmu     sync.Mutex
+	rd      tcpReading
 	closing chan struct{} // closed by fail
 	once    sync.Once
 	broken  atomic.Bool
@@ -564,7 +709,7 @@ type tcpConn struct {
 // newTCPConn returns a connection to p, its goroutine started (which
 // dials it), or nil once t is closed.
 func newTCPConn(t *TCP, p *tcpPeer) *tcpConn {
-	c := &tcpConn{t: t, peer: p, addr: p.addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096),
+	c := &tcpConn{t: t, peer: p, addr: p.addr, wake: make(chan struct{}, 1), sent: make(chan *slice, 4096), kick: make(chan struct{}, 1),
 		closing: make(chan struct{}), ready: make(chan struct{})}
 	// The goroutine is counted under t.mu, where Close marks t closed, so
 	// none is added to t.wg once Close may be waiting on it.
@@ -606,6 +751,17 @@ func (c *tcpConn) enqueue(s []*slice) {
 	c.mu.Unlock()
 	c.wakeWriter()
 }
+
+func (c *tcpConn) kickReader() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// drivable reports whether a driver may read c: it is dialed and not
+// through TLS (whose records only its reader decodes).
+func (c *tcpConn) drivable() bool { return c.rd.src != nil }
 
 func (c *tcpConn) wakeWriter() {
 	select {
@@ -684,12 +840,15 @@ func (c *tcpConn) run() {
 		return
 	}
 	c.c = nc
+	c.rd = newTCPReading(nc)
 	close(c.ready)
 	done := make(chan struct{})
-	go func() { defer close(done); c.readLoop(nc) }()
+	go func() { defer close(done); c.readLoop() }()
 	c.writeLoop(nc)
-	<-done
+	// The writer stops once the connection is broken: closing the socket
+	// (fail has, or is about to) ends any read of it under way.
 	nc.Close()
+	<-done
 	// Close and cancelled batches break connections on purpose; only the
 	// peer or the network failing is worth a line.
 	if err := c.error(); errors.Is(err, ErrPeer) {
@@ -712,10 +871,16 @@ func (c *tcpConn) drain() {
 	for _, s := range q {
 		s.finish(err)
 	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if s := c.rd.cur; s != nil {
+		c.rd.cur = nil
+		c.finishRead(s, err)
+	}
 	for {
 		select {
 		case s := <-c.sent:
-			s.finish(err)
+			c.finishRead(s, err)
 		default:
 			if c.c == nil {
 				c.peer.failQueue(err)
@@ -774,10 +939,18 @@ func (c *tcpConn) send(nc net.Conn, q []*slice) bool {
 		_, err := bufs.WriteTo(nc)
 		return err
 	}
+	defer func() {
+		// After pending counts q's slices (see tcpPeer.undrive).
+		if c.peer.drivers.Load() == 0 || !c.drivable() {
+			c.kickReader()
+		}
+	}()
 	for i, s := range q {
+		c.pending.Add(1)
 		select {
 		case c.sent <- s:
 		case <-c.closing:
+			c.pending.Add(-1)
 			for _, rest := range q[i:] {
 				rest.finish(c.error())
 			}
@@ -819,56 +992,203 @@ func (c *tcpConn) send(nc net.Conn, q []*slice) bool {
 	return true
 }
 
-func (c *tcpConn) readLoop(nc net.Conn) {
-	br := bufio.NewReaderSize(nc, 4<<10)
-	var hdr [tcpRespBytes]byte
+// readLoop reads the responses while no driver does: kicked when slices
+// are sent with none reading the peer's responses, or when the last driver
+// stops with responses to come.
+func (c *tcpConn) readLoop() {
 	for {
-		var s *slice
 		select {
-		case s = <-c.sent:
+		case <-c.kick:
 		case <-c.closing:
 			return
 		}
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
-			s.finish(c.error())
-			return
-		}
-		status, n := hdr[0], binary.LittleEndian.Uint64(hdr[8:])
-		s.peerCRC = binary.LittleEndian.Uint32(hdr[4:])
-		s.op.b.Responded(0)
-		// The response is in: its room in the window goes to the next
-		// queued slice now, so the peer has that request before it
-		// finishes this one.
-		c.peer.done(s)
-		switch {
-		case s.op.named && status != tcpOK:
-			s.finish(c.namedError(s, status, n))
-		case status == tcpRefused:
-			s.finish(fmt.Errorf("%w: %s refused %v of region %d [%d, +%d): no grant", api.ErrPermissionDenied, c.addr, s.kind, s.region, s.offset, len(s.local)))
-		case status != tcpOK:
-			s.finish(fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))
-		case s.kind == Read && n != uint64(len(s.local)):
-			c.fail(fmt.Errorf("%w: %s sent %d bytes for a %d-byte read", ErrPeer, c.addr, n, len(s.local)))
-			s.finish(c.error())
-			return
-		case s.kind == Read:
-			var err error
-			if s.op.checksum {
-				s.crc, err = api.ReadChecksummed(br, s.local) // checksummed while each piece is in cache
-			} else {
-				_, err = readPieces(br, s.local)
-			}
+		for c.pending.Load() > 0 && (c.peer.drivers.Load() == 0 || !c.drivable()) {
+			// Waiting under rmu: a driver that comes meanwhile waits for
+			// the bytes on their way, then has the connection.
+			c.rmu.Lock()
+			_, err := c.step(true)
+			c.rmu.Unlock()
 			if err != nil {
-				c.fail(fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err))
-				s.finish(c.error())
-				return
+				c.fail(err)
+				return // drain fails what is still to come
 			}
-			s.finish(nil)
-		default:
-			s.finish(nil)
 		}
 	}
+}
+
+// tcpReading is where the responses of one connection have got to, so
+// that any goroutine holding its rmu can take the reading on from there.
+type tcpReading struct {
+	br  *bufio.Reader
+	src *sockReader // nil through TLS: br then blocks
+	hdr [tcpRespBytes]byte
+	nh  int    // header bytes in
+	cur *slice // the read whose payload is coming, nil between responses
+	off int    // cur's payload bytes in
+	crc uint32 // of them, when cur is checksummed
+}
+
+func newTCPReading(nc net.Conn) tcpReading {
+	if tc, ok := nc.(syscall.Conn); ok {
+		if rc, err := tc.SyscallConn(); err == nil {
+			src := &sockReader{rc: rc}
+			return tcpReading{br: bufio.NewReaderSize(src, 4<<10), src: src}
+		}
+	}
+	return tcpReading{br: bufio.NewReaderSize(nc, 4<<10)}
+}
+
+// errWouldBlock: the socket has nothing to read now.
+var errWouldBlock = errors.New("transfer: no bytes have arrived")
+
+// sockReader reads a socket with one read(2) per Read: with wait, a Read
+// that finds nothing parks in the netpoller until bytes arrive, as a
+// net.Conn's does; without, it returns errWouldBlock.
+type sockReader struct {
+	rc   syscall.RawConn
+	wait bool
+}
+
+func (r *sockReader) Read(p []byte) (int, error) {
+	var (
+		n   int
+		err error
+	)
+	rerr := r.rc.Read(func(fd uintptr) bool {
+		for {
+			n, err = syscall.Read(int(fd), p)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		return err != syscall.EAGAIN || !r.wait
+	})
+	switch {
+	case rerr != nil:
+		return 0, rerr
+	case err == syscall.EAGAIN:
+		return 0, errWouldBlock
+	case err != nil:
+		return 0, err
+	case n <= 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// step reads what has arrived of c's responses and finishes their slices,
+// under rmu. With wait, it first waits for bytes when none have arrived.
+// It returns whether it read anything, once a read finds nothing (or,
+// through TLS, after one response). An error breaks the connection: the
+// caller fails c with it.
+func (c *tcpConn) step(wait bool) (progress bool, err error) {
+	if c.broken.Load() {
+		return false, c.error()
+	}
+	r := &c.rd
+	for {
+		if r.src != nil {
+			r.src.wait = wait && !progress
+		}
+		if r.cur != nil {
+			s := r.cur
+			piece := s.local[r.off:min(r.off+64<<10, len(s.local))]
+			n, err := r.br.Read(piece)
+			if n > 0 {
+				progress = true
+				if s.op.checksum {
+					r.crc = api.UpdateChecksum(r.crc, piece[:n])
+				}
+				r.off += n
+			}
+			if r.off == len(s.local) {
+				s.crc, r.cur = r.crc, nil
+				c.finishRead(s, nil)
+				if r.src == nil {
+					return progress, nil
+				}
+				continue
+			}
+			if err == errWouldBlock {
+				return progress, nil
+			}
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return progress, fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err)
+			}
+			continue
+		}
+		if r.nh == 0 && c.pending.Load() == 0 {
+			return progress, nil
+		}
+		n, err := r.br.Read(r.hdr[r.nh:])
+		if n > 0 {
+			progress = true
+			r.nh += n
+		}
+		if r.nh < len(r.hdr) {
+			switch {
+			case err == errWouldBlock:
+				return progress, nil
+			case err == io.EOF:
+				err = io.ErrUnexpectedEOF
+				fallthrough
+			case err != nil:
+				return progress, fmt.Errorf("%w: %s: %v", ErrPeer, c.addr, err)
+			}
+			continue
+		}
+		r.nh = 0
+		var s *slice
+		select {
+		case s = <-c.sent:
+		default:
+			return progress, fmt.Errorf("%w: %s sent a response to no request", ErrPeer, c.addr)
+		}
+		if err := c.respond(s, r.hdr[0], binary.LittleEndian.Uint32(r.hdr[4:]), binary.LittleEndian.Uint64(r.hdr[8:])); err != nil {
+			return progress, err
+		}
+		if r.src == nil && r.cur == nil {
+			return progress, nil
+		}
+	}
+}
+
+// respond takes s's response header in: it finishes s, or makes it the
+// read whose payload comes next. An error (a read of the wrong length)
+// breaks the connection; s is finished with it.
+func (c *tcpConn) respond(s *slice, status uint8, peerCRC uint32, n uint64) error {
+	s.peerCRC = peerCRC
+	s.op.b.Responded(0)
+	// The response is in: its room in the window goes to the next queued
+	// slice now, so the peer has that request before it finishes this one.
+	c.peer.done(s)
+	switch {
+	case s.op.named && status != tcpOK:
+		c.finishRead(s, c.namedError(s, status, n))
+	case status == tcpRefused:
+		c.finishRead(s, fmt.Errorf("%w: %s refused %v of region %d [%d, +%d): no grant", api.ErrPermissionDenied, c.addr, s.kind, s.region, s.offset, len(s.local)))
+	case status != tcpOK:
+		c.finishRead(s, fmt.Errorf("%w: region %d [%d, +%d) on %s", ErrNoRegion, s.region, s.offset, len(s.local), c.addr))
+	case s.kind == Read && n != uint64(len(s.local)):
+		err := fmt.Errorf("%w: %s sent %d bytes for a %d-byte read", ErrPeer, c.addr, n, len(s.local))
+		c.fail(err)
+		c.finishRead(s, c.error())
+		return err
+	case s.kind == Read && n > 0:
+		c.rd.cur, c.rd.off, c.rd.crc = s, 0, 0
+	default:
+		c.finishRead(s, nil)
+	}
+	return nil
+}
+
+// finishRead finishes s, whose response is in (or never will be).
+func (c *tcpConn) finishRead(s *slice, err error) {
+	c.pending.Add(-1)
+	s.finish(err)
 }
 
 // namedError is what a named read's slice s failed with, by its

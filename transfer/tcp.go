@@ -279,7 +279,20 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 // interprocessor interrupt on the fetch's critical path, and a reader
 // woken onto the core the caller is running on waits behind it. A
 // connection through TLS is read by its reader, as after Submit.
+//
+// Only a batch whose requests all fit the connections' windows at once is
+// driven: one goroutine waits on one connection at a time, and while it
+// waits on one, another whose window it has not refilled idles (chains
+// of 16 and 64 blocks measured 5–9 % slower driven). Its readers read a
+// larger batch, in parallel.
 func (t *TCP) run(ctx context.Context, ops []Op) *Batch {
+	var bytes int
+	for _, op := range ops {
+		bytes += len(op.Local)
+	}
+	if bytes > t.cfg.ConnsPerPeer*t.cfg.WindowBytes {
+		return t.Submit(ctx, ops)
+	}
 	b, states, peers := t.submit(ctx, ops, true)
 	t.drive(ctx, b, states)
 	for _, p := range peers {
@@ -392,7 +405,7 @@ func (t *TCP) drive(ctx context.Context, b *Batch, states []*opState) {
 			if !c.drivable() || c.pending.Load() == 0 || !c.rmu.TryLock() {
 				continue
 			}
-			moved, err := c.step(false)
+			moved, err := c.step(stepArrived)
 			c.rmu.Unlock()
 			if err != nil {
 				c.fail(err)
@@ -407,7 +420,7 @@ func (t *TCP) drive(ctx context.Context, b *Batch, states []*opState) {
 			return
 		}
 		c.rmu.Lock()
-		_, err := c.step(true)
+		_, err := c.step(stepWaitFirst)
 		c.rmu.Unlock()
 		if err != nil {
 			c.fail(err)
@@ -939,14 +952,16 @@ func (c *tcpConn) send(nc net.Conn, q []*slice) bool {
 		_, err := bufs.WriteTo(nc)
 		return err
 	}
-	defer func() {
-		// After pending counts q's slices (see tcpPeer.undrive).
+	for i, s := range q {
+		// The reader wakes as the slice is queued, before its request
+		// leaves: it is then waiting on the socket when the response
+		// comes (woken after the write, it cost chains of 16 blocks a
+		// tenth of their rate). After pending counts the slice: see
+		// tcpPeer.undrive.
+		c.pending.Add(1)
 		if c.peer.drivers.Load() == 0 || !c.drivable() {
 			c.kickReader()
 		}
-	}()
-	for i, s := range q {
-		c.pending.Add(1)
 		select {
 		case c.sent <- s:
 		case <-c.closing:
@@ -1006,7 +1021,7 @@ func (c *tcpConn) readLoop() {
 			// Waiting under rmu: a driver that comes meanwhile waits for
 			// the bytes on their way, then has the connection.
 			c.rmu.Lock()
-			_, err := c.step(true)
+			_, err := c.step(stepWhole)
 			c.rmu.Unlock()
 			if err != nil {
 				c.fail(err)
@@ -1076,19 +1091,32 @@ func (r *sockReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// step reads what has arrived of c's responses and finishes their slices,
-// under rmu. With wait, it first waits for bytes when none have arrived.
-// It returns whether it read anything, once a read finds nothing (or,
-// through TLS, after one response). An error breaks the connection: the
-// caller fails c with it.
-func (c *tcpConn) step(wait bool) (progress bool, err error) {
+// stepMode is how far step reads, and whether it waits for bytes.
+type stepMode uint8
+
+const (
+	// stepArrived reads what has arrived, and never waits.
+	stepArrived stepMode = iota
+	// stepWaitFirst waits for bytes when none have arrived, then reads
+	// what has.
+	stepWaitFirst
+	// stepWhole reads one whole response, waiting for its bytes as a
+	// plain read does (the reader's way, which then checks for drivers).
+	stepWhole
+)
+
+// step reads c's responses as mode says and finishes their slices, under
+// rmu. It returns whether it read anything. An error breaks the
+// connection: the caller fails c with it.
+func (c *tcpConn) step(mode stepMode) (progress bool, err error) {
 	if c.broken.Load() {
 		return false, c.error()
 	}
 	r := &c.rd
+	whole := mode == stepWhole || r.src == nil
 	for {
 		if r.src != nil {
-			r.src.wait = wait && !progress
+			r.src.wait = mode == stepWhole || (mode == stepWaitFirst && !progress)
 		}
 		if r.cur != nil {
 			s := r.cur
@@ -1104,7 +1132,7 @@ func (c *tcpConn) step(wait bool) (progress bool, err error) {
 			if r.off == len(s.local) {
 				s.crc, r.cur = r.crc, nil
 				c.finishRead(s, nil)
-				if r.src == nil {
+				if whole {
 					return progress, nil
 				}
 				continue
@@ -1150,7 +1178,7 @@ func (c *tcpConn) step(wait bool) (progress bool, err error) {
 		if err := c.respond(s, r.hdr[0], binary.LittleEndian.Uint32(r.hdr[4:]), binary.LittleEndian.Uint64(r.hdr[8:])); err != nil {
 			return progress, err
 		}
-		if r.src == nil && r.cur == nil {
+		if whole && r.cur == nil {
 			return progress, nil
 		}
 	}

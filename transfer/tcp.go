@@ -1047,6 +1047,7 @@ func newTCPReading(nc net.Conn) tcpReading {
 	if tc, ok := nc.(syscall.Conn); ok {
 		if rc, err := tc.SyscallConn(); err == nil {
 			src := &sockReader{rc: rc, nc: nc}
+			src.readRaw = src.readOnce
 			return tcpReading{br: bufio.NewReaderSize(src, 4<<10), src: src}
 		}
 	}
@@ -1065,25 +1066,22 @@ type sockReader struct {
 	rc   syscall.RawConn
 	nc   net.Conn
 	wait bool
+	// readRaw is readOnce, bound once so that a read allocates no
+	// closure; p, n and err are its argument and results.
+	readRaw func(fd uintptr) bool
+	p       []byte
+	n       int
+	err     error
 }
 
 func (r *sockReader) Read(p []byte) (int, error) {
 	if r.wait {
 		return r.nc.Read(p)
 	}
-	var (
-		n   int
-		err error
-	)
-	rerr := r.rc.Read(func(fd uintptr) bool {
-		for {
-			n, err = syscall.Read(int(fd), p)
-			if err != syscall.EINTR {
-				break
-			}
-		}
-		return err != syscall.EAGAIN || !r.wait
-	})
+	r.p = p
+	rerr := r.rc.Read(r.readRaw)
+	n, err := r.n, r.err
+	r.p, r.err = nil, nil
 	switch {
 	case rerr != nil:
 		return 0, rerr
@@ -1095,6 +1093,17 @@ func (r *sockReader) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// readOnce is one read(2) of r.p, retried only when interrupted; it never
+// asks to wait.
+func (r *sockReader) readOnce(fd uintptr) bool {
+	for {
+		r.n, r.err = syscall.Read(int(fd), r.p)
+		if r.err != syscall.EINTR {
+			return true
+		}
+	}
 }
 
 // stepMode is how far step reads, and whether it waits for bytes.
@@ -1126,7 +1135,7 @@ func (c *tcpConn) step(mode stepMode) (progress bool, err error) {
 		}
 		if r.cur != nil {
 			s := r.cur
-			piece := s.local[r.off:min(r.off+64<<10, len(s.local))]
+			piece := s.local[r.off:min(r.off+api.RecvChunkBytes, len(s.local))]
 			n, err := r.br.Read(piece)
 			if n > 0 {
 				progress = true

@@ -561,6 +561,9 @@ func TestBenchSmoke(t *testing.T) {
 		// Fetches between two nodes: the streaming baseline and the
 		// request/response floor.
 		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB"},
+		// The arena in a file (on a hugetlbfs mount it would be huge
+		// pages), the baseline's memory in one beside it.
+		{"--op", "put", "--path", "shm", "--block-size", "1MiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-%d", os.Getpid())},
 	} {
 		r := mustOK(t, kv(t, nil, append([]string{"node", "bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
 		var res map[string]any
@@ -572,6 +575,15 @@ func TestBenchSmoke(t *testing.T) {
 		}
 		if res["gbps"].(float64) <= 0 || res["baseline_gbps"].(float64) <= 0 {
 			t.Errorf("bench %v measured nothing: %s", args, r.stdout)
+		}
+		if slices.Contains(args, "--segment-path") {
+			seg := args[len(args)-1]
+			if !strings.Contains(fmt.Sprint(res["baseline"]), "beside "+seg) {
+				t.Errorf("bench %v: baseline %q, want memory beside the arena", args, res["baseline"])
+			}
+			if left, _ := filepath.Glob(seg + "*"); len(left) > 0 {
+				t.Errorf("bench %v left %v behind", args, left)
+			}
 		}
 		if args[0] == "--remote" {
 			if floor, _ := res["floor_gbps"].(float64); floor <= 0 || res["ratio_to_floor"] == nil || !strings.Contains(fmt.Sprint(res["floor"]), "request/response, 2 connections") {

@@ -564,6 +564,7 @@ func TestBenchSmoke(t *testing.T) {
 		// The arena in a file (on a hugetlbfs mount it would be huge
 		// pages), the baseline's memory in one beside it.
 		{"--op", "put", "--path", "shm", "--block-size", "1MiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-%d", os.Getpid())},
+		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-remote-%d", os.Getpid())},
 	} {
 		r := mustOK(t, kv(t, nil, append([]string{"node", "bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
 		var res map[string]any

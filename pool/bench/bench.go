@@ -54,8 +54,10 @@ type Config struct {
 	// baseline's region in a file beside it, shared memory of the arena's
 	// kind, since copying into huge pages runs faster here than into the
 	// heap's small pages. With Server set, only the baseline's region goes
-	// there: name the mount the node's arena is on. Empty: a memfd arena
-	// and a baseline on the heap.
+	// there: name the mount the node's arena is on. For RunRemote, both
+	// nodes' arenas go there (the path with "-fetcher" and "-holder"
+	// added) and so do the baselines' regions. Empty: memfd arenas and
+	// baselines on the heap.
 	SegmentPath string
 	// NoBaseline skips the baseline.
 	NoBaseline bool
@@ -571,24 +573,46 @@ func (m *meter) gbps() float64 {
 // the size of the working set, as the node writes from its arena, and the
 // receiver reads each into one buffer, as a client does.
 type tcpBaseline struct {
-	cfg Config
-	ln  net.Listener
-	src []byte
-	dst []byte     // a second region, for fetch: one arena into another
-	mu  sync.Mutex // serializes pair
+	cfg  Config
+	ln   net.Listener
+	src  []byte
+	dst  []byte     // a second region, for fetch: one arena into another
+	free []func()   // unmap src and dst when they are shared memory
+	mu   sync.Mutex // serializes pair
 	meter
 }
 
+// newTCPBaseline makes the baseline's regions on the heap or, for a fetch
+// with cfg.SegmentPath set (the nodes' arenas there), in shared memory
+// beside the arenas, of their kind.
 func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	size := int(max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
+	b := &tcpBaseline{cfg: cfg}
+	region := func(name string) ([]byte, error) {
+		if cfg.SegmentPath == "" || cfg.Op != "fetch" {
+			return make([]byte, size), nil
+		}
+		mem, free, err := sharedBuffer(size, cfg.SegmentPath+"-"+name)
+		if err != nil {
+			return nil, err
+		}
+		b.free = append(b.free, free)
+		return mem, nil
+	}
+	var err error
+	if b.src, err = region("src"); err != nil {
 		return nil, err
 	}
-	src := make([]byte, max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
-	fillValue(src, 99)
-	b := &tcpBaseline{cfg: cfg, ln: ln, src: src}
 	if cfg.Op == "fetch" {
-		b.dst = make([]byte, len(src))
+		if b.dst, err = region("dst"); err != nil {
+			b.close()
+			return nil, err
+		}
+	}
+	fillValue(b.src, 99)
+	if b.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		b.close()
+		return nil, err
 	}
 	return b, nil
 }
@@ -609,7 +633,15 @@ func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 	}
 	return client, server, nil
 }
-func (b *tcpBaseline) close() { b.ln.Close() }
+func (b *tcpBaseline) close() {
+	if b.ln != nil {
+		b.ln.Close()
+	}
+	for _, free := range b.free {
+		free()
+	}
+	b.free = nil
+}
 
 func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
 	size := b.cfg.BlockBytes

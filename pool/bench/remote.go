@@ -69,6 +69,9 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 			pc.ShmSocket, pc.DisableShm = filepath.Join(dir, id+".sock"), false
 		}
 		pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
+		if cfg.SegmentPath != "" {
+			pc.SegmentPath = cfg.SegmentPath + "-" + id
+		}
 		pc.Etcd, pc.LeaseTTL = cli, 5*time.Second
 		pc.Transport, pc.TransferConns = rc.Transport, rc.Conns
 		pc.FetchTimeout = 30 * time.Second
@@ -145,6 +148,9 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 			defer tb.close()
 			base = tb
 			res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
+			if cfg.SegmentPath != "" {
+				res.Baseline += ", between regions of shared memory beside " + cfg.SegmentPath
+			}
 			if rc.Transport == transfer.ProtocolTCP {
 				rt, err := newTCPRoundTrips(bc, rc.ChainBlocks*cfg.BlockBytes, tb.src, tb.dst)
 				if err != nil {

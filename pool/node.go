@@ -123,7 +123,7 @@ func New(cfg Config) (*Node, error) {
 	var err error
 	if !cfg.DisableShm {
 		pages := cfg.CapacityBytes / cfg.PageBytes
-		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false, false); err != nil {
+		if n.versions, err = openSegment("kvpool-"+cfg.NodeID+"-versions", "", int64(wire.VersionSegmentBytes(uint64(pages))), false, false, false); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
 		words = n.versions.words()[:pages]
@@ -139,7 +139,7 @@ func New(cfg Config) (*Node, error) {
 			"adopted_bytes", r.AdoptedBytes, "dropped_bad_checksum", r.Dropped, "expired", r.Expired, "overlapped", r.Overlapped,
 			"torn_journal_bytes", r.TornJournalBytes, "took", r.Took)
 	} else {
-		if seg, err = openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory, cfg.Prefault); err != nil {
+		if seg, err = openSegment("kvpool-"+cfg.NodeID, cfg.SegmentPath, cfg.CapacityBytes, cfg.LockMemory, cfg.Prefault, cfg.HugePages); err != nil {
 			return nil, errors.Join(err, n.Close())
 		}
 		n.store = store.New(n.cfg.StoreConfig, cfg.Now, seg.mem, words)

@@ -30,8 +30,26 @@ type segment struct {
 	keep bool
 }
 
-func openSegment(name, path string, size int64, lock, prefault bool) (*segment, error) {
+// openSegment creates a segment of size bytes: a memfd (of huge pages
+// with huge) when path is "", else a file at path that Close removes.
+func openSegment(name, path string, size int64, lock, prefault, huge bool) (*segment, error) {
+	if huge && path == "" {
+		return createHugeMemfd(name, size, lock, prefault)
+	}
 	return createSegment(name, path, size, 0, lock, prefault, false)
+}
+
+// createHugeMemfd is openSegment's memfd of huge pages.
+func createHugeMemfd(name string, size int64, lock, prefault bool) (*segment, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
+	if err != nil {
+		return nil, fmt.Errorf("pool: memfd_create of huge pages (needs hugetlb support in the kernel): %w", err)
+	}
+	s := &segment{file: os.NewFile(uintptr(fd), "memfd:"+name)}
+	if err := s.setup(size, 0, lock, prefault); err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	return s, nil
 }
 
 // createSegment creates the segment: size bytes of arena and, for a
@@ -77,12 +95,12 @@ func createSegment(name, path string, size, trailer int64, lock, prefault, keep 
 }
 
 func (s *segment) setup(size, trailer int64, lock, prefault bool) error {
-	huge, err := hugePageBytes(s.path)
+	huge, err := s.hugePageBytes()
 	if err != nil {
 		return err
 	}
 	if huge > 0 && (size%huge != 0 || trailer%huge != 0) {
-		return fmt.Errorf("pool: the arena at %s is on hugetlbfs with %d-byte pages: --capacity (%d bytes) must be a multiple of that", s.path, huge, size)
+		return fmt.Errorf("pool: the arena %s has %d-byte huge pages: --capacity (%d bytes) must be a multiple of that", s.where(), huge, size)
 	}
 	if err := s.file.Truncate(size + trailer); err != nil {
 		return fmt.Errorf("pool: size segment to %d bytes: %w", size+trailer, err)
@@ -136,12 +154,33 @@ func (s *segment) mapAll(size, trailer int64, lock, prefault bool) error {
 // bytes of the segment, said as a shortage of huge pages when the segment
 // is on hugetlbfs and err is the errno that means one; nil otherwise.
 func (s *segment) tooFewHugePages(action string, bytes, total int64, err error, errno unix.Errno) error {
-	huge, _ := hugePageBytes(s.path)
+	huge, _ := s.hugePageBytes()
 	if huge == 0 || !errors.Is(err, errno) {
 		return nil
 	}
-	return fmt.Errorf("pool: %s the %d-byte segment in huge pages at %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
-		action, bytes, s.path, err, total/huge, huge)
+	return fmt.Errorf("pool: %s the %d-byte segment in huge pages %s: %w: reserve at least %d pages of %d bytes (HugePages_Free in /proc/meminfo; /proc/sys/vm/nr_hugepages)",
+		action, bytes, s.where(), err, total/huge, huge)
+}
+
+// where names the segment in messages.
+func (s *segment) where() string {
+	if s.path == "" {
+		return "(a memfd)"
+	}
+	return "at " + s.path
+}
+
+// hugePageBytes is the page size of the hugetlbfs the segment's file is
+// on (a file on a hugetlbfs mount, or a memfd of huge pages), or 0.
+func (s *segment) hugePageBytes() (int64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(s.file.Fd()), &fs); err != nil {
+		return 0, fmt.Errorf("pool: the segment's file system: %w", err)
+	}
+	if fs.Type != unix.HUGETLBFS_MAGIC {
+		return 0, nil
+	}
+	return fs.Bsize, nil
 }
 
 // hugePageBytes is the page size of the hugetlbfs mount that holds the

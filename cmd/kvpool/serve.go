@@ -264,6 +264,7 @@ type checkedSettings struct {
 	SegmentPath   string   `json:"segment_path,omitempty"`
 	CapacityBytes int64    `json:"capacity_bytes"`
 	LockMemory    bool     `json:"lock_memory"`
+	HugePages     bool     `json:"huge_pages,omitempty"`
 	DiskDir       string   `json:"disk_dir,omitempty"`
 	DiskCapacity  int64    `json:"disk_capacity_bytes,omitempty"`
 	EtcdEndpoints []string `json:"etcd_endpoints,omitempty"`
@@ -281,7 +282,7 @@ type checkedSettings struct {
 func newCheckedSettings(c *pool.Config, o *serveOptions) checkedSettings {
 	s := checkedSettings{
 		NodeID: c.NodeID, Listen: c.ListenAddr, Advertise: c.AdvertiseAddr, MetricsListen: c.MetricsAddr, GossipListen: c.GossipAddr,
-		ShmSocket: c.ShmSocket, DataDir: c.DataDir, SegmentPath: c.SegmentPath, CapacityBytes: c.CapacityBytes, LockMemory: c.LockMemory,
+		ShmSocket: c.ShmSocket, DataDir: c.DataDir, SegmentPath: c.SegmentPath, CapacityBytes: c.CapacityBytes, LockMemory: c.LockMemory, HugePages: c.HugePages,
 		DiskDir: c.DiskDir, DiskCapacity: c.DiskCapacityBytes, EtcdEndpoints: o.etcdEndpoints, Standalone: o.standalone,
 		Secured: c.TLSCertFile != "" || c.TokenFile != "", ShmAllow: c.ShmAllow, Files: map[string]string{},
 		DrainOnStop: c.DrainOnStop, DrainBudgetSeconds: c.DrainBudget.Seconds(),

@@ -47,6 +47,15 @@ type Config struct {
 	// (under /dev/shm) instead of an anonymous memfd, so other processes
 	// can map it by name. The file is removed on Close.
 	SegmentPath string
+	// HugePages backs the arena's memfd with huge pages (MFD_HUGETLB, of
+	// the system's default size) instead of small ones, with no hugetlbfs
+	// mount needed. A copy into small shared pages runs slower: here a
+	// 16 MiB put to a node in another process ran at 0.65–0.71 of memcpy
+	// on them and at 0.95–1.00 on huge pages. The pages must be reserved
+	// (/proc/sys/vm/nr_hugepages) and CapacityBytes must be a whole number
+	// of them. Not with SegmentPath (or DataDir, which sets it): put that
+	// file on a hugetlbfs mount instead.
+	HugePages bool
 	// ReservationTimeout is how long a reservation may stay uncommitted
 	// before it is reclaimed. Default 30 s.
 	ReservationTimeout time.Duration
@@ -129,6 +138,9 @@ func (c Config) Validate() error {
 		add("max block size %d bytes exceeds the limit of %d", c.MaxBlockBytes, int64(maxValueBytes))
 	case c.CapacityBytes > 0 && c.MaxBlockBytes > c.CapacityBytes:
 		add("max block size %d bytes exceeds the capacity of %d bytes", c.MaxBlockBytes, c.CapacityBytes)
+	}
+	if c.HugePages && c.SegmentPath != "" {
+		add("huge pages back a memfd arena; the arena at %s (--segment-path, or the data dir's default) gets them from a hugetlbfs mount instead", c.SegmentPath)
 	}
 	if c.ReservationTimeout < 0 {
 		add("reservation timeout %v must not be negative", c.ReservationTimeout)

@@ -685,7 +685,12 @@ func promExprs(t *testing.T) map[string]string {
 // dashboard query as a recording rule.
 func TestDashboardAndAlerts(t *testing.T) {
 	dir := t.TempDir()
-	a := serve(t, "--capacity", "16MiB", "--data-dir", filepath.Join(dir, "a"), "--disk-dir", filepath.Join(dir, "a-disk"), "--disk-capacity", "64MiB")
+	// With a data dir the arena is a file under /dev/shm that outlives
+	// the node on purpose; name it, and remove it once the node stopped
+	// (cleanups run last first), or every run leaks its 16 MiB.
+	seg := filepath.Join("/dev/shm", fmt.Sprintf("kvpool-cmd-test-dashboard-%d", os.Getpid()))
+	t.Cleanup(func() { os.Remove(seg); os.Remove(seg + ".lock") })
+	a := serve(t, "--capacity", "16MiB", "--data-dir", filepath.Join(dir, "a"), "--segment-path", seg, "--disk-dir", filepath.Join(dir, "a-disk"), "--disk-capacity", "64MiB")
 	b := serve(t, "--capacity", "16MiB", "--node-id", "cmd-dashboard-b", "--etcd-endpoints", a.etcd)
 	block := bytes.Repeat([]byte("kv"), 512<<10) // 1 MiB
 	var keys []string

@@ -109,18 +109,24 @@ func TestMixedVersionCluster(t *testing.T) {
 	}
 	oldKeys, newKeys := put(co, "old"), put(cn, "new")
 	fetchAll := func(c *api.Client, who, prefix string, keys [][]byte) {
-		eventually.True(t, who+" to fetch the other's blocks", 20*time.Second, func() bool {
+		// The last attempt's failure, for the message if none succeeds.
+		var last error
+		if !eventually.Within(20*time.Second, func() bool {
 			res, err := c.Fetch(ctx, "mixed", "n", keys, 0)
 			if err != nil {
+				last = err
 				return false
 			}
-			for _, r := range res {
+			for i, r := range res {
 				if r.Err != nil {
+					last = fmt.Errorf("block %s from %q: %w", keys[i], r.Source, r.Err)
 					return false
 				}
 			}
 			return true
-		})
+		}) {
+			t.Fatalf("timed out after 20s waiting for %s to fetch the other's blocks; the last attempt: %v", who, last)
+		}
 		buf := make([]byte, size)
 		for i, k := range keys {
 			if _, err := c.Get(ctx, api.BlockKey{Tenant: "mixed", Namespace: "n", Key: k}, buf); err != nil {

@@ -175,7 +175,7 @@ func openPersistent(cfg *Config, words []uint64, log *slog.Logger) (*segment, *s
 	trailer := max(cfg.PageBytes, huge)
 	report := RestoreReport{Fresh: true}
 	fresh := func() (*segment, *store.Store, *journal.Writer, error) {
-		seg, err := createSegment("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, trailer, cfg.LockMemory, cfg.Prefault, true)
+		seg, err := createSegment("kvpool-"+cfg.NodeID, path, cfg.CapacityBytes, trailer, cfg.LockMemory, cfg.Prefault, true, false)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -33,34 +33,23 @@ type segment struct {
 // openSegment creates a segment of size bytes: a memfd (of huge pages
 // with huge) when path is "", else a file at path that Close removes.
 func openSegment(name, path string, size int64, lock, prefault, huge bool) (*segment, error) {
-	if huge && path == "" {
-		return createHugeMemfd(name, size, lock, prefault)
-	}
-	return createSegment(name, path, size, 0, lock, prefault, false)
-}
-
-// createHugeMemfd is openSegment's memfd of huge pages.
-func createHugeMemfd(name string, size int64, lock, prefault bool) (*segment, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
-	if err != nil {
-		return nil, fmt.Errorf("pool: memfd_create of huge pages (needs hugetlb support in the kernel): %w", err)
-	}
-	s := &segment{file: os.NewFile(uintptr(fd), "memfd:"+name)}
-	if err := s.setup(size, 0, lock, prefault); err != nil {
-		return nil, errors.Join(err, s.close())
-	}
-	return s, nil
+	return createSegment(name, path, size, 0, lock, prefault, false, huge)
 }
 
 // createSegment creates the segment: size bytes of arena and, for a
 // persistent segment (keep: left at path when it closes), a trailer page
-// of trailer bytes after it.
-func createSegment(name, path string, size, trailer int64, lock, prefault, keep bool) (*segment, error) {
+// of trailer bytes after it. huge makes a memfd (path "") one of huge
+// pages; a file gets its pages from the file system it is on.
+func createSegment(name, path string, size, trailer int64, lock, prefault, keep, huge bool) (*segment, error) {
 	var f *os.File
 	if path == "" {
-		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		flags, what := unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING, ""
+		if huge {
+			flags, what = flags|unix.MFD_HUGETLB, " of huge pages (needs hugetlb support in the kernel)"
+		}
+		fd, err := unix.MemfdCreate(name, flags)
 		if err != nil {
-			return nil, fmt.Errorf("pool: memfd_create: %w", err)
+			return nil, fmt.Errorf("pool: memfd_create%s: %w", what, err)
 		}
 		f = os.NewFile(uintptr(fd), "memfd:"+name)
 	} else {
@@ -177,10 +166,15 @@ func (s *segment) hugePageBytes() (int64, error) {
 	if err := unix.Fstatfs(int(s.file.Fd()), &fs); err != nil {
 		return 0, fmt.Errorf("pool: the segment's file system: %w", err)
 	}
+	return hugePageSize(&fs), nil
+}
+
+// hugePageSize is fs's page size when it is a hugetlbfs, else 0.
+func hugePageSize(fs *unix.Statfs_t) int64 {
 	if fs.Type != unix.HUGETLBFS_MAGIC {
-		return 0, nil
+		return 0
 	}
-	return fs.Bsize, nil
+	return fs.Bsize
 }
 
 // hugePageBytes is the page size of the hugetlbfs mount that holds the
@@ -194,10 +188,7 @@ func hugePageBytes(path string) (int64, error) {
 	if err := unix.Statfs(filepath.Dir(path), &fs); err != nil {
 		return 0, fmt.Errorf("pool: the segment's directory: %w", err)
 	}
-	if fs.Type != unix.HUGETLBFS_MAGIC {
-		return 0, nil
-	}
-	return fs.Bsize, nil
+	return hugePageSize(&fs), nil
 }
 
 // ownSegmentPath takes the lock that says a live node owns the segment

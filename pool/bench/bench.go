@@ -588,16 +588,16 @@ type tcpBaseline struct {
 func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 	size := int(max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
 	b := &tcpBaseline{cfg: cfg}
+	segmentPath := cfg.SegmentPath
+	if cfg.Op != "fetch" {
+		segmentPath = "" // a node's own arena is not beside it
+	}
 	region := func(name string) ([]byte, error) {
-		if cfg.SegmentPath == "" || cfg.Op != "fetch" {
-			return make([]byte, size), nil
+		mem, free, err := baselineRegion(size, segmentPath, name)
+		if free != nil {
+			b.free = append(b.free, free)
 		}
-		mem, free, err := sharedBuffer(size, cfg.SegmentPath+"-"+name)
-		if err != nil {
-			return nil, err
-		}
-		b.free = append(b.free, free)
-		return mem, nil
+		return mem, err
 	}
 	var err error
 	if b.src, err = region("src"); err != nil {
@@ -774,6 +774,20 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 	})
 }
 
+// baselineRegion is size bytes of a baseline's memory: on the heap (free
+// nil) when segmentPath is "", else shared memory of the arena's kind in
+// a file beside it (segmentPath, with "-"+name when name is set), which
+// free unmaps and removes.
+func baselineRegion(size int, segmentPath, name string) (mem []byte, free func(), err error) {
+	if segmentPath == "" {
+		return make([]byte, size), nil, nil
+	}
+	if name != "" {
+		segmentPath += "-" + name
+	}
+	return sharedBuffer(size, segmentPath)
+}
+
 // memcpyBaseline copies BlockBytes at a time with Clients goroutines,
 // between one buffer per goroutine and random frames of a region the size
 // of the working set (touched first, so no page faults): for a Get, from
@@ -811,14 +825,10 @@ func (b *memcpyBaseline) close() {
 
 func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
 	if b.region == nil {
-		size := max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes))
-		if b.cfg.SegmentPath == "" {
-			b.region = make([]byte, size)
-		} else {
-			var err error
-			if b.region, b.freeRegion, err = sharedBuffer(int(size), b.cfg.SegmentPath); err != nil {
-				return err
-			}
+		var err error
+		size := int(max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
+		if b.region, b.freeRegion, err = baselineRegion(size, b.cfg.SegmentPath, ""); err != nil {
+			return err
 		}
 		fillValue(b.region, 5)
 	}

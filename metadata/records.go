@@ -48,6 +48,11 @@ type NodeRecord struct {
 	Zone string `json:"zone,omitempty"`
 	// Version is the kvpool version the node runs.
 	Version string `json:"version"`
+	// NamedReads is set by nodes whose transfer server serves reads by
+	// block name. A fetcher pins the blocks of a holder without it (a
+	// release before named reads, during a rolling upgrade) first: such
+	// a holder drops a connection that asks for a block by name.
+	NamedReads bool `json:"named_reads,omitempty"`
 	// Epoch is the node's current lease id; location batches are keyed by it.
 	Epoch int64 `json:"epoch"`
 	// StartedUnix is when the node process started, in seconds.

@@ -95,6 +95,7 @@ func newCluster(n *Node, log *slog.Logger) (_ *cluster, err error) {
 			Zone:                    cfg.Zone,
 			Accelerator:             cfg.Accelerator,
 			Version:                 cfg.Version,
+			NamedReads:              true,
 			EngineCaches:            len(cfg.EngineEvents),
 			HostToGPUBytesPerSecond: cfg.HostToGPUBytesPerSecond,
 		},

@@ -208,8 +208,8 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // begin is when the Fetch began: the link's fit of a fetch's fixed cost
 // counts what came before the pull too.
 //
-// Blocks are read by name when the transport can and the namespace's
-// block size is known (a namespace's blocks are one engine's, of one
+// Blocks are read by name when the transport and the holder can and the
+// namespace's block size is known (a namespace's blocks are one engine's, of one
 // size): the holder pins each only while it sends it, so the pull starts
 // with the bytes, not a pin round trip. Otherwise, and for the blocks
 // whose size turns out to differ, the holder pins them first over the
@@ -219,7 +219,7 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var size uint64
-	if nr, ok := tr.(transfer.NamedReader); ok && nr.ReadsByName() {
+	if nr, ok := tr.(transfer.NamedReader); ok && nr.ReadsByName() && holder.NamedReads {
 		size = f.sizes.get(tenant, namespace)
 	}
 	if size == 0 {

@@ -95,6 +95,13 @@ type ClientConfig struct {
 	// no system call while the node polls, about 5 µs less per round trip
 	// here, a tenth of a 2 MiB put.
 	NoShmMailbox bool
+	// NoLocalServe keeps a session with a node in this process (a Go
+	// program that embeds its node) waiting for the node's goroutine to
+	// serve each post, as a client in another process does. By default
+	// such a client serves its posts itself, calling the node's session
+	// code in its own goroutine (see wire.LocalServer): no poll, no
+	// sleep, no wake-up. For measuring the other path; default false.
+	NoLocalServe bool
 	// SpinWait is how long a call on the data channel or the same-host
 	// session keeps polling its socket for the node's response before
 	// its goroutine parks: those round trips take tens of microseconds,

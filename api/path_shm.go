@@ -145,7 +145,7 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 		go s.prefaultMapping(s.stopPrefault, s.prefaulted)
 	}
 	if info.GetShmMailbox() && !cfg.NoShmMailbox {
-		if err := s.openMailbox(ctx, uc); err != nil {
+		if err := s.openMailbox(ctx, uc, !cfg.NoLocalServe); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -256,8 +256,11 @@ func (s *shmPath) roundTrip(ctx context.Context, r *wire.Request) (wire.Response
 
 // openMailbox makes the session's mailbox, a sealed memfd, and hands it
 // to the node (wire.OpMailbox). A node that declines it leaves the
-// session on its socket; a session that broke is an error.
-func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn) error {
+// session on its socket; a session that broke is an error. With serve
+// set, a node in this process (its answer's token finds it; see
+// wire.LocalServer) has the session serve its posts in the caller's
+// goroutine.
+func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn, serve bool) error {
 	fd, err := unix.MemfdCreate("kvpool-mailbox", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil // no memfds here: the socket serves
@@ -284,15 +287,32 @@ func (s *shmPath) openMailbox(ctx context.Context, uc *net.UnixConn) error {
 		return nil
 	}
 	defer s.conn.Bind(ctx)()
-	frame := wire.AppendRequest(nil, &wire.Request{Op: wire.OpMailbox})
+	req := wire.Request{Op: wire.OpMailbox}
+	if serve && wire.PeerIsThisProcess(uc) {
+		req.Flags = wire.FlagServeLocally
+	}
+	frame := wire.AppendRequest(nil, &req)
 	_, _, err = uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil)
+	var token uint64
 	if err == nil {
-		_, err = s.conn.Recv()
+		var resp *wire.Response
+		if resp, err = s.conn.Recv(); resp != nil {
+			token = resp.Handle
+		}
 	}
 	switch {
 	case err == nil:
 		kept, s.mboxMem = true, mem
 		s.conn.UseMailbox(mb)
+		if req.Flags&wire.FlagServeLocally != 0 {
+			local := wire.LookupLocal(token)
+			if local == nil {
+				// The node in this process agreed and does not watch
+				// the mailbox, yet gave no token of this process.
+				return fmt.Errorf("%w: client: the node in this process named no session to serve (token %#x)", ErrUnavailable, token)
+			}
+			s.conn.ServeLocally(local)
+		}
 		return nil
 	case s.conn.Usable():
 		return nil // declined: the socket serves

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -116,6 +117,18 @@ type dataConn struct {
 	mreq      []byte
 	mrd       bytes.Reader
 	inMailbox bool
+
+	// A same-process session's (see wire.LocalServer): its client serves
+	// posts in its own goroutine, so mu serializes the serving of frames
+	// and posts (and the session's end) between that goroutine and the
+	// serve loop; ended is set, under mu, once the session has ended;
+	// localPosts counts the posts the client served, which keep the
+	// session from idling out; unregister removes the session's token.
+	// mu is taken on every session, where nothing contends for it.
+	mu         sync.Mutex
+	ended      bool
+	localPosts atomic.Uint64
+	unregister func()
 }
 
 // session is what one connection holds: pins and reservations taken by a
@@ -287,58 +300,94 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 		}
 		d.sr = sr
 		d.br = bufio.NewReaderSize(sr, 64<<10)
-		defer d.closeMailbox()
 	} else {
 		d.br = bufio.NewReaderSize(wire.NewPollingReader(c, spin, s.spinners), 64<<10)
 	}
-	defer sess.end(s.store, s.grants)
+	defer d.end()
 	for ctx.Err() == nil {
 		// Idle between frames for up to idleTimeout; once a frame's first
 		// byte is in, the rest of it has ioTimeout. Only here, between
 		// frames, may a read end for a post in the mailbox.
 		c.SetReadDeadline(time.Now().Add(s.idleTimeout))
+		posts := d.localPosts.Load()
 		d.arm(true)
 		_, err := d.br.Peek(1)
 		d.arm(false)
 		if errors.Is(err, wire.ErrMailboxRequest) {
 			c.SetDeadline(time.Now().Add(s.ioTimeout))
-			if err := d.serveMailbox(); err != nil {
-				if !errors.Is(err, errRefused) {
-					s.log.Warn("closing a same-host session after its mailbox's post", "err", err)
-				}
+			d.mu.Lock()
+			var err error
+			if d.mbox.Pending() { // (or a client in this process served it)
+				err = d.serveMailbox(false)
+			}
+			d.mu.Unlock()
+			if err != nil {
+				d.logMailboxClose(err)
 				return
 			}
 			continue
 		}
-		if err == nil {
-			c.SetReadDeadline(time.Now().Add(s.ioTimeout))
-			err = wire.ReadRequest(d.br, d.rbuf[:], &d.req)
+		if errors.Is(err, os.ErrDeadlineExceeded) && d.localPosts.Load() != posts {
+			continue // its client served posts meanwhile: not idle
 		}
-		if err != nil {
-			if errors.Is(err, wire.ErrProtocol) {
-				s.metrics.dataOp(wire.Op(0), codes.InvalidArgument)
-				d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
-				s.log.Warn("closing data connection after a malformed frame", "remote", remote(c), "err", err)
-			} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
-				s.log.Debug("data connection ended", "remote", remote(c), "err", err)
-			}
+		if err = d.serveFrame(err); err != nil {
 			return
 		}
-		c.SetDeadline(time.Now().Add(s.ioTimeout))
-		err = d.handle()
-		if err == nil && !d.pipelined() {
-			err = d.flush()
+	}
+}
+
+// serveFrame reads and serves the frame whose first byte is buffered (or
+// handles peekErr, the reason none is), under the session's lock; an
+// error means the connection must close.
+func (d *dataConn) serveFrame(peekErr error) error {
+	s, c := d.s, d.c
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := peekErr
+	if err == nil {
+		c.SetReadDeadline(time.Now().Add(s.ioTimeout))
+		err = wire.ReadRequest(d.br, d.rbuf[:], &d.req)
+	}
+	if err != nil {
+		if errors.Is(err, wire.ErrProtocol) {
+			s.metrics.dataOp(wire.Op(0), codes.InvalidArgument)
+			d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
+			s.log.Warn("closing data connection after a malformed frame", "remote", remote(c), "err", err)
+		} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+			s.log.Debug("data connection ended", "remote", remote(c), "err", err)
 		}
-		if err != nil {
-			// The stream is out of step (bad trailer, short read, failed
-			// write): it cannot carry another frame. What it answered
-			// before goes out first, as far as it can.
-			d.flush()
-			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errRefused) {
-				s.log.Warn("closing data connection", "remote", remote(c), "op", d.req.Op.String(), "err", err)
-			}
-			return
+		return err
+	}
+	c.SetDeadline(time.Now().Add(s.ioTimeout))
+	err = d.handle()
+	if err == nil && !d.pipelined() {
+		err = d.flush()
+	}
+	if err != nil {
+		// The stream is out of step (bad trailer, short read, failed
+		// write): it cannot carry another frame. What it answered
+		// before goes out first, as far as it can.
+		d.flush()
+		if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, errRefused) {
+			s.log.Warn("closing data connection", "remote", remote(c), "op", d.req.Op.String(), "err", err)
 		}
+	}
+	return err
+}
+
+// end releases what the session holds and, for a same-host session,
+// its mailbox, under the session's lock: a client in this process that
+// serves its own posts finds it ended.
+func (d *dataConn) end() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ended = true
+	if d.unregister != nil {
+		d.unregister()
+	}
+	d.sess.end(d.s.store, d.s.grants)
+	if d.sr != nil {
+		d.closeMailbox()
 	}
 }
 
@@ -424,9 +473,9 @@ func (d *dataConn) handle() error {
 	case wire.OpFetch:
 		return d.fetchChain()
 	case wire.OpMailbox:
-		err := d.openMailbox()
+		token, err := d.openMailbox()
 		d.s.metrics.dataOp(r.Op, api.Code(err))
-		return d.respond(err, &wire.Response{})
+		return d.respond(err, &wire.Response{Handle: token})
 	case wire.OpWake:
 		return nil // it woke the serve loop, which serves the mailbox next
 	case wire.OpView:

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"golang.org/x/sys/unix"
 
@@ -14,10 +15,12 @@ import (
 // (see wire.Mailbox) and has the session's reader watch it. The memfd
 // must be exactly wire.MailboxBytes and sealed against shrinking: a
 // client that truncated it under the node's mapping would make the
-// node's next look at it fault.
-func (d *dataConn) openMailbox() error {
+// node's next look at it fault. When the client is this process, the
+// session is registered for it to serve its own posts (wire.LocalServer),
+// and token, the answer's Handle, finds it; 0 otherwise.
+func (d *dataConn) openMailbox() (token uint64, err error) {
 	if d.sr == nil {
-		return api.Errorf(api.ErrInvalidArgument, "pool: a mailbox is for same-host sessions on the shm socket")
+		return 0, api.Errorf(api.ErrInvalidArgument, "pool: a mailbox is for same-host sessions on the shm socket")
 	}
 	fds := d.sr.TakeDescriptors()
 	defer func() {
@@ -27,22 +30,62 @@ func (d *dataConn) openMailbox() error {
 	}()
 	switch {
 	case len(fds) != 1:
-		return api.Errorf(api.ErrInvalidArgument, "pool: a mailbox frame must carry one descriptor, it carried %d", len(fds))
+		return 0, api.Errorf(api.ErrInvalidArgument, "pool: a mailbox frame must carry one descriptor, it carried %d", len(fds))
 	case d.mbox != nil:
-		return api.Errorf(api.ErrFailedPrecondition, "pool: this session has a mailbox already")
+		return 0, api.Errorf(api.ErrFailedPrecondition, "pool: this session has a mailbox already")
+	case d.req.Flags&wire.FlagServeLocally != 0 && !wire.PeerIsThisProcess(d.c.(*net.UnixConn)):
+		return 0, api.Errorf(api.ErrInvalidArgument, "pool: only a client in the node's own process may serve its mailbox's posts")
 	}
 	mem, err := mapMailbox(fds[0])
 	if err != nil {
-		return api.Errorf(api.ErrInvalidArgument, "pool: mailbox: %v", err)
+		return 0, api.Errorf(api.ErrInvalidArgument, "pool: mailbox: %v", err)
 	}
 	mb, err := wire.NewMailbox(mem)
 	if err != nil {
 		unix.Munmap(mem)
-		return api.Errorf(api.ErrInvalidArgument, "pool: mailbox: %v", err)
+		return 0, api.Errorf(api.ErrInvalidArgument, "pool: mailbox: %v", err)
 	}
 	d.mbox, d.mboxMem, d.mreq = mb, mem, make([]byte, wire.MailboxRequestBytes)
 	d.sr.Watch(mb)
-	return nil
+	if d.req.Flags&wire.FlagServeLocally != 0 {
+		token, d.unregister = wire.RegisterLocal(localSession{d})
+		d.sr.ServeLocally()
+	}
+	return token, nil
+}
+
+// localSession is a same-process session's node side, as its client
+// calls it (wire.LocalServer).
+type localSession struct{ d *dataConn }
+
+// ServePost serves the mailbox's pending post in the client's goroutine,
+// under the session's lock (the serve loop may have served it already,
+// or the session ended: then nothing is pending, or nothing is done).
+// The answer's writes to the socket, when there are any (an answer too
+// long for the mailbox), go to a client in this process that reads them
+// next, so they take no deadline. A post that must close the connection
+// closes it: the serve loop then ends the session.
+func (l localSession) ServePost() {
+	d := l.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ended || d.mbox == nil || !d.mbox.Pending() {
+		return
+	}
+	d.localPosts.Add(1)
+	if err := d.serveMailbox(true); err != nil {
+		d.logMailboxClose(err)
+		d.ended = true
+		d.c.Close()
+	}
+}
+
+// logMailboxClose logs why a post closes its session, unless the client
+// was refused (and told why).
+func (d *dataConn) logMailboxClose(err error) {
+	if !errors.Is(err, errRefused) {
+		d.s.log.Warn("closing a same-host session after its mailbox's post", "err", err)
+	}
 }
 
 // mapMailbox checks fd's size and seals and maps it.
@@ -82,13 +125,19 @@ func (d *dataConn) arm(on bool) {
 // serveMailbox serves the post waiting in the mailbox: its frames are
 // copied out of the shared memory, decoded and served one by one as the
 // socket's are, and their answers published in the mailbox instead of
-// written; a client parked for them is woken. A returned error means the
-// connection must close (the client was told why in the answer).
-func (d *dataConn) serveMailbox() error {
+// written; a client parked for them is woken. local says a client in
+// this process serves it (see localSession). REQUIRES: d.mu, a post
+// pending. A returned error means the connection must close (the client
+// was told why in the answer).
+func (d *dataConn) serveMailbox(local bool) error {
 	if err := d.flush(); err != nil {
 		return err
 	}
-	d.s.metrics.mailboxPosts.Inc()
+	servedBy := "node"
+	if local {
+		servedBy = "client"
+	}
+	d.s.metrics.mailboxPosts.WithLabelValues(servedBy).Inc()
 	seq, frames, terr := d.mbox.Take(d.mreq)
 	d.inMailbox = true
 	var serr error

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,27 +23,31 @@ import (
 )
 
 // A same-host client's pins, reservations, commits and removes go
-// through its mailbox whether the node and the client poll or park, and
-// every byte comes back.
+// through its mailbox whether the node and the client poll or park, or
+// the client, in the node's process, serves them itself, and every byte
+// comes back.
 func TestShmMailbox(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		node, client time.Duration // spin waits; negative: never spin
+		servedBy     string        // who serves the posts: node or client
 	}{
-		{"both poll", 0, 0},
-		{"node parks", -1, 0},
-		{"client parks", 0, -1},
-		{"both park", -1, -1},
+		{"both poll", 0, 0, "node"},
+		{"node parks", -1, 0, "node"},
+		{"client parks", 0, -1, "node"},
+		{"both park", -1, -1, "node"},
+		{"client in the node's process serves", 0, 0, "client"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := startNode(t, func(c *Config) { c.SpinWait = tc.node })
 			ctx := context.Background()
-			c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, SpinWait: tc.client, NoLocationCache: true})
+			c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, SpinWait: tc.client, NoLocationCache: true, NoLocalServe: tc.servedBy == "node"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			before := testutil.ToFloat64(n.metrics.mailboxPosts)
+			posts := func(by string) float64 { return testutil.ToFloat64(n.metrics.mailboxPosts.WithLabelValues(by)) }
+			before, beforeOther := posts(tc.servedBy), posts(otherServer(tc.servedBy))
 			for i := range 40 {
 				k := api.BlockKey{Tenant: "t", Namespace: "n", Key: fmt.Appendf(nil, "k%d", i)}
 				v := value(uint64(i), 1000+i*997)
@@ -76,12 +82,23 @@ func TestShmMailbox(t *testing.T) {
 					t.Fatalf("get %s: %v", k, err)
 				}
 			}
-			// Puts, gets, views and removes: at least one post each.
-			if posts := testutil.ToFloat64(n.metrics.mailboxPosts) - before; posts < 40*3 {
-				t.Fatalf("%v mailbox posts, want at least 120", posts)
+			// Puts, gets, views and removes: at least one post each, all
+			// served by the one side.
+			if got := posts(tc.servedBy) - before; got < 40*3 {
+				t.Fatalf("%v mailbox posts served by the %s, want at least 120", got, tc.servedBy)
+			}
+			if got := posts(otherServer(tc.servedBy)) - beforeOther; got != 0 {
+				t.Fatalf("%v mailbox posts served by the %s, want none", got, otherServer(tc.servedBy))
 			}
 		})
 	}
+}
+
+func otherServer(by string) string {
+	if by == "node" {
+		return "client"
+	}
+	return "node"
 }
 
 // rawShmSession opens a session on n's shm socket without a client: the
@@ -129,11 +146,17 @@ func mailboxFile(t *testing.T, size int64, sealed bool) int {
 // node's answer.
 func handOverMailbox(t *testing.T, uc *net.UnixConn, c *wire.Conn, fds ...int) (*wire.Response, error) {
 	t.Helper()
+	return handOverMailboxFlags(t, uc, c, 0, fds...)
+}
+
+// handOverMailboxFlags is handOverMailbox with the request's flags.
+func handOverMailboxFlags(t *testing.T, uc *net.UnixConn, c *wire.Conn, flags uint8, fds ...int) (*wire.Response, error) {
+	t.Helper()
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := uc.WriteMsgUnix(wire.AppendRequest(nil, &wire.Request{Op: wire.OpMailbox}), oob, nil); err != nil {
+	if _, _, err := uc.WriteMsgUnix(wire.AppendRequest(nil, &wire.Request{Op: wire.OpMailbox, Flags: flags}), oob, nil); err != nil {
 		t.Fatal(err)
 	}
 	return c.Recv()
@@ -144,11 +167,21 @@ func handOverMailbox(t *testing.T, uc *net.UnixConn, c *wire.Conn, fds ...int) (
 // that scribble over it).
 func mailboxSession(t *testing.T, n *Node) (*net.UnixConn, *wire.Conn, *wire.Mailbox, []byte) {
 	t.Helper()
+	uc, c, mb, mem, _ := mailboxSessionFlags(t, n, 0)
+	return uc, c, mb, mem
+}
+
+// mailboxSessionFlags is mailboxSession with the hand-over's flags; it
+// also returns the answer's token (FlagServeLocally).
+func mailboxSessionFlags(t *testing.T, n *Node, flags uint8) (*net.UnixConn, *wire.Conn, *wire.Mailbox, []byte, uint64) {
+	t.Helper()
 	uc, c := rawShmSession(t, n)
 	fd := mailboxFile(t, wire.MailboxBytes, true)
-	if resp, err := handOverMailbox(t, uc, c, fd); err != nil {
+	resp, err := handOverMailboxFlags(t, uc, c, flags, fd)
+	if err != nil {
 		t.Fatalf("hand-over: %+v %v", resp, err)
 	}
+	token := resp.Handle
 	mem, err := unix.Mmap(fd, 0, wire.MailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +191,7 @@ func mailboxSession(t *testing.T, n *Node) (*net.UnixConn, *wire.Conn, *wire.Mai
 	if err != nil {
 		t.Fatal(err)
 	}
-	return uc, c, mb, mem
+	return uc, c, mb, mem, token
 }
 
 // A node takes only a sealed memfd of the mailbox's size, once per
@@ -199,9 +232,19 @@ func TestShmMailboxHandOverRefusals(t *testing.T) {
 
 // A post the node cannot serve (a malformed frame, an op that streams a
 // value, a length past the request area) is answered with FlagClose and
-// ends the session; the node's books stay balanced.
+// ends the session, whether the node's goroutine serves it or a client in
+// the node's process does; the node's books stay balanced.
 func TestShmMailboxBadPostsCloseTheSession(t *testing.T) {
 	n := startNode(t)
+	for _, servedBy := range []string{"node", "client"} {
+		t.Run("served by the "+servedBy, func(t *testing.T) { badPostsCloseTheSession(t, n, servedBy) })
+	}
+	if err := n.Store().Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func badPostsCloseTheSession(t *testing.T, n *Node, servedBy string) {
 	for _, tc := range []struct {
 		name string
 		post func(mem []byte, mb *wire.Mailbox)
@@ -219,14 +262,27 @@ func TestShmMailboxBadPostsCloseTheSession(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			uc, c, mb, mem := mailboxSession(t, n)
+			var flags uint8
+			if servedBy == "client" {
+				flags = wire.FlagServeLocally
+			}
+			uc, c, mb, mem, token := mailboxSessionFlags(t, n, flags)
 			// Something the session holds, which its end must release
 			// (over the socket: the Conn does not use the mailbox).
 			if _, err := c.RoundTrip(context.Background(), &wire.Request{Op: wire.OpReserve, ValueLen: 4096, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("held")}); err != nil {
 				t.Fatal(err)
 			}
 			tc.post(mem, mb)
-			if _, err := uc.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpWake})); err != nil {
+			if servedBy == "client" {
+				local := wire.LookupLocal(token)
+				if local == nil {
+					t.Fatalf("token %#x names no session of this process", token)
+				}
+				local.ServePost()
+				if !mb.Answered(1) {
+					t.Fatal("the post was not answered when ServePost returned")
+				}
+			} else if _, err := uc.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpWake})); err != nil {
 				t.Fatal(err) // in case the node had parked
 			}
 			eventually.True(t, "the node to answer the post", 10*time.Second, func() bool { return mb.Answered(1) })
@@ -248,10 +304,10 @@ func TestShmMailboxBadPostsCloseTheSession(t *testing.T) {
 				t.Fatalf("the session did not end: %v", err)
 			}
 			eventually.True(t, "the session's reservation to be aborted", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
+			if token != 0 {
+				eventually.True(t, "the ended session's token to be forgotten", 10*time.Second, func() bool { return wire.LookupLocal(token) == nil })
+			}
 		})
-	}
-	if err := n.Store().Check(); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -292,4 +348,80 @@ func FuzzShmMailboxPost(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A client in the node's process serves its own posts, so the node's
+// goroutine for the session sees nothing on the socket: the posts still
+// count as traffic, and the session outlives many idle timeouts while
+// they come.
+func TestSameProcessSessionOutlivesIdleTimeouts(t *testing.T) {
+	const idle = 40 * time.Millisecond
+	n := startNode(t, func(c *Config) { c.IdleTimeout = idle })
+	ctx := context.Background()
+	c := dial(t, n, api.PathShm)
+	handOvers := func() float64 { return testutil.ToFloat64(n.metrics.requests.WithLabelValues("data", "mailbox", "OK")) }
+	k, v := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("k")}, value(1, 4096)
+	start := time.Now()
+	puts := 0
+	for ; time.Since(start) < 5*idle || puts < 100; puts++ {
+		if err := c.Put(ctx, k, v); err != nil {
+			t.Fatalf("put %d, %v after the start: %v", puts, time.Since(start), err)
+		}
+	}
+	if got := handOvers(); got != 1 {
+		t.Fatalf("%v mailbox hand-overs, want 1: the session was replaced", got)
+	}
+	if got := testutil.ToFloat64(n.metrics.mailboxPosts.WithLabelValues("client")); got < float64(puts) {
+		t.Fatalf("%v posts served by the client, want at least %d", got, puts)
+	}
+}
+
+// Only a client in the node's own process may serve its posts: a client
+// in another process (this test's binary, run again) that asks is
+// refused, and its session goes on with the node serving.
+func TestOtherProcessMayNotServeLocally(t *testing.T) {
+	if sock := os.Getenv("KVPOOL_TEST_FOREIGN_SHM"); sock != "" {
+		foreignHandOver(t, sock)
+		return
+	}
+	n := startNode(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestOtherProcessMayNotServeLocally$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "KVPOOL_TEST_FOREIGN_SHM="+n.ShmSocket())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the other process: %v\n%s", err, out)
+	}
+	want := fmt.Sprintf("hand-over: status %d, token 0", codes.InvalidArgument)
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("the other process said:\n%s\nwant %q", out, want)
+	}
+}
+
+// foreignHandOver is the other process's side: it hands its mailbox over
+// asking to serve it, reports the answer, and checks that the session
+// still works.
+func foreignHandOver(t *testing.T, sock string) {
+	nc, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc := nc.(*net.UnixConn)
+	defer uc.Close()
+	var h wire.Hello
+	fds, err := wire.ReceiveHello(uc, &h, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	c := wire.NewConn(uc, wire.ConnConfig{})
+	resp, err := handOverMailboxFlags(t, uc, c, wire.FlagServeLocally, mailboxFile(t, wire.MailboxBytes, true))
+	if resp == nil {
+		t.Fatalf("hand-over: %v", err)
+	}
+	fmt.Printf("hand-over: status %d, token %d\n", resp.Status, resp.Handle)
+	if _, err := c.RoundTrip(context.Background(), &wire.Request{Op: wire.OpReserve, ValueLen: 4096, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")}); err != nil {
+		t.Fatalf("the session after the refusal: %v", err)
+	}
 }

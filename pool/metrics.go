@@ -41,7 +41,7 @@ type metrics struct {
 	draining         prometheus.Gauge
 	arenaPopulated   prometheus.Gauge
 	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
-	mailboxPosts     prometheus.Counter
+	mailboxPosts     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -114,10 +114,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_pool_drained_blocks_total",
 			Help: "Blocks in memory when the node drained, by outcome: replicated (another live node held them), handed_off (a peer pulled them), kept (only this node held them when the drain ended).",
 		}, []string{"outcome"}),
-		mailboxPosts: prometheus.NewCounter(prometheus.CounterOpts{
+		mailboxPosts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_shm_mailbox_posts_total",
-			Help: "Posts served from same-host sessions' mailboxes, the memory a session shares with the node for its small requests (pins, reservations, commits, removes) and their answers, instead of its unix socket. Each post is one or more requests; they are counted in kvpool_pool_requests_total{path=\"data\"} too.",
-		}),
+			Help: "Posts served from same-host sessions' mailboxes, the memory a session shares with the node for its small requests (pins, reservations, commits, removes) and their answers, instead of its unix socket, by who served them: node (the session's goroutine in the node), or client (a client in the node's own process, in its own goroutine). Each post is one or more requests; they are counted in kvpool_pool_requests_total{path=\"data\"} too.",
+		}, []string{"served_by"}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
 			Help:    "From a location change queued on its node to this daemon's mirror applying it.",

@@ -49,6 +49,9 @@ type Conn struct {
 	outMailbox         bool
 	outResponses       int
 	answers, answerBuf []byte
+	// local, when set, serves the mailbox's posts in the caller's
+	// goroutine: the node is in this process (see LocalServer).
+	local LocalServer
 }
 
 // StatusError is a request the node refused, as Recv reports it when the
@@ -280,6 +283,12 @@ func (c *Conn) recvAnswer() (*Response, error) {
 // long a wait for an answer polls before it parks on the socket.
 func (c *Conn) UseMailbox(mb *Mailbox) { c.mbox = mb }
 
+// ServeLocally has each post to the mailbox served by s, the node's side
+// of the session in this process, in the caller's goroutine: no poll, no
+// park, no wake (see LocalServer). The node agreed to it when it took
+// the mailbox (FlagServeLocally).
+func (c *Conn) ServeLocally(s LocalServer) { c.local = s }
+
 // mailboxable reports whether Flush sends the queued requests through the
 // mailbox: there is one, they are all ops MailboxOp allows and no commit
 // asks for copies elsewhere (it waits on the network: the caller had
@@ -298,6 +307,12 @@ func (c *Conn) flushMailbox() error {
 	mb := c.mbox
 	seq, nodeParked := mb.Post(c.out)
 	c.resetOut()
+	if c.local != nil {
+		c.local.ServePost()
+		// Unanswered, the session ended: the socket says why (a
+		// refusal, or its end).
+		nodeParked = false
+	}
 	if nodeParked {
 		c.Queue(&Request{Op: OpWake})
 		_, err := c.nc.Write(c.out)
@@ -307,7 +322,7 @@ func (c *Conn) flushMailbox() error {
 			return err
 		}
 	}
-	if !c.pollAnswer(mb, seq) {
+	if answered := mb.Answered(seq) || c.local == nil && c.pollAnswer(mb, seq); !answered {
 		if err := c.parkForAnswer(mb, seq); err != nil {
 			return err
 		}

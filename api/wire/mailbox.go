@@ -45,8 +45,10 @@ import (
 type Mailbox struct {
 	mem []byte
 	// answered is the node's last published sequence number (node side
-	// only; the shared word may be scribbled by the client).
-	answered uint64
+	// only; the shared word may be scribbled by the client). Atomic: in a
+	// same-process session (see LocalServer) the client's goroutine
+	// serves posts while the node's may still look.
+	answered atomic.Uint64
 }
 
 // Mailbox layout: the words each side writes on cache lines of their own.
@@ -128,7 +130,7 @@ const answerOnSocket = 1 << 31
 func (m *Mailbox) SetClientParked(parked bool) { m.u32(mbClientParked).Store(b2u(parked)) }
 
 // Pending reports whether a post waits for the node.
-func (m *Mailbox) Pending() bool { return m.u64(mbReqSeq).Load() != m.answered }
+func (m *Mailbox) Pending() bool { return m.u64(mbReqSeq).Load() != m.answered.Load() }
 
 // Take copies the pending post's frames into buf (at least
 // MailboxRequestBytes) and returns them with the post's sequence number.
@@ -154,7 +156,7 @@ func (m *Mailbox) Respond(seq uint64, resp []byte) (onSocket, clientParked bool)
 		copy(m.mem[mbResponse:], resp)
 	}
 	m.u32(mbRespLen).Store(n)
-	m.answered = seq
+	m.answered.Store(seq)
 	m.u64(mbRespSeq).Store(seq)
 	return onSocket, m.u32(mbClientParked).Load() != 0
 }

@@ -43,6 +43,9 @@ type pollingReader struct {
 	mbox   *Mailbox
 	armed  bool
 	parked bool
+	// local is set once the session's client serves its own posts (see
+	// LocalServer): the mailbox is no longer watched.
+	local bool
 }
 
 // Spinners bounds how many polling readers spin at once: half the
@@ -98,11 +101,14 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	var n int
 	var rerr error
 	var until time.Time
-	spinning, mayspin := false, r.spin != nil && r.skip == 0
+	// A session whose client serves its own posts has nothing coming on
+	// the socket worth a spin: releases, and its end.
+	local := r.local
+	spinning, mayspin := false, r.spin != nil && r.skip == 0 && !local
 	if !mayspin && r.skip > 0 {
 		r.skip--
 	}
-	watch := r.armed && r.mbox != nil
+	watch := r.armed && r.mbox != nil && !local
 	posted := false
 	// park is where a read that found nothing stops polling: with a
 	// mailbox watched, the node's parked word goes up first and the
@@ -251,6 +257,12 @@ func NewSessionReader(c *net.UnixConn, spin func() time.Duration, sp *Spinners) 
 
 // Watch makes reads watch m (while armed) from now on.
 func (r *SessionReader) Watch(m *Mailbox) { r.mbox = m }
+
+// ServeLocally stops the mailbox watch for good, and the spins: the
+// session's client, in this process, serves its posts itself (see
+// LocalServer). The node's goroutine calls it before it answers the
+// handover, so no read of its own watches the mailbox after that.
+func (r *SessionReader) ServeLocally() { r.local = true }
 
 // Arm turns the mailbox watch on or off: the serve loop arms it only
 // between frames, so a post never cuts into a frame read in parts.

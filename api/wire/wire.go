@@ -198,11 +198,17 @@ const (
 	// it on the reservation timeout, only when the session aborts it or
 	// ends.
 	FlagReserveNext = 1 << 4
+	// FlagServeLocally (Mailbox): the client is the node's own process
+	// and serves its posts itself (see LocalServer): the node registers
+	// the session, answers with its token in Handle, and does not watch
+	// the mailbox. A client in another process may not ask.
+	FlagServeLocally = 1 << 5
 )
 
 // flagsAllowed are the request flags each op accepts.
 var flagsAllowed = [opCount]uint8{
 	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum | FlagWriterChecksum | FlagReserveNext,
+	OpMailbox: FlagServeLocally,
 }
 
 // Response flags.

@@ -285,6 +285,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")
 	f.BoolVar(&cfg.NoLocationCache, "no-location-cache", false, "shm: ask the node on every get instead of reading blocks read before straight from the segment")
 	f.BoolVar(&cfg.NoShmMailbox, "no-shm-mailbox", false, "shm: keep the sessions' requests and answers on their unix sockets instead of the mailbox they share with the node")
+	f.BoolVar(&cfg.NoLocalServe, "no-local-serve", false, "shm, node in this process: clients wait for the node's goroutine to serve each request, as clients in another process do, instead of serving it themselves in their own goroutine")
 	f.IntVar(&cfg.Batch, "batch", 1, "with --op put: blocks per call; above 1 each client stores them with PutMany from as many distinct buffers (an engine saving a request's blocks), and the memcpy baseline copies from as many")
 	f.DurationVar(&cfg.NodeSpinWait, "node-spin-wait", 0, "the in-process nodes' --spin-wait (0: its default, 100µs; negative: never)")
 	f.DurationVar(&cfg.ClientSpinWait, "client-spin-wait", 0, "how long each client call polls its socket for the node's response before parking (0: the client's default, 50µs; negative: never)")

@@ -67,6 +67,10 @@ type Config struct {
 	// NoShmMailbox keeps the shm sessions' round trips on their unix
 	// sockets (api.ClientConfig.NoShmMailbox).
 	NoShmMailbox bool
+	// NoLocalServe has clients of the in-process node wait for its
+	// goroutine to serve their posts, as clients in another process do,
+	// instead of serving them themselves (api.ClientConfig.NoLocalServe).
+	NoLocalServe bool
 	// Batch, with Op put, is how many blocks each call stores: above 1,
 	// each client calls PutMany with Batch distinct source buffers (an
 	// engine saving a request's blocks), and the memcpy baseline copies
@@ -173,7 +177,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, NoShmMailbox: cfg.NoShmMailbox, SpinWait: cfg.ClientSpinWait})
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, NoShmMailbox: cfg.NoShmMailbox, NoLocalServe: cfg.NoLocalServe, SpinWait: cfg.ClientSpinWait})
 		if err != nil {
 			return nil, err
 		}

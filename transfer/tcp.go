@@ -1043,6 +1043,21 @@ type tcpReading struct {
 	crc uint32 // of them, when cur is checksummed
 }
 
+// arrived returns how many bytes have arrived and wait to be read: in
+// the buffer and, through the raw socket, in the kernel's receive queue
+// (SIOCINQ). Through TLS, only the buffer's.
+func (r *tcpReading) arrived() uint64 {
+	n := r.br.Buffered()
+	if r.src != nil {
+		r.src.rc.Control(func(fd uintptr) {
+			if q, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil && q > 0 {
+				n += q
+			}
+		})
+	}
+	return uint64(n)
+}
+
 func newTCPReading(nc net.Conn) tcpReading {
 	if tc, ok := nc.(syscall.Conn); ok {
 		if rc, err := tc.SyscallConn(); err == nil {
@@ -1204,7 +1219,11 @@ func (c *tcpConn) step(mode stepMode) (progress bool, err error) {
 // breaks the connection; s is finished with it.
 func (c *tcpConn) respond(s *slice, status uint8, peerCRC uint32, n uint64) error {
 	s.peerCRC = peerCRC
-	s.op.b.Responded(0)
+	if s.op.b.AwaitsFirstResponse() {
+		// The payload that arrived with the header, or while this reader
+		// waited for a processor, is no sample of the bandwidth after it.
+		s.op.b.Responded(min(n, c.rd.arrived()))
+	}
 	// The response is in: its room in the window goes to the next queued
 	// slice now, so the peer has that request before it finishes this one.
 	c.peer.done(s)

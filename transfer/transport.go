@@ -253,6 +253,11 @@ func (b *Batch) Responded(payload uint64) {
 	b.responded.Store(true)
 }
 
+// AwaitsFirstResponse reports whether no response has arrived yet: a
+// transport that measures what arrived with the first one (a system
+// call) does so only then.
+func (b *Batch) AwaitsFirstResponse() bool { return !b.responded.Load() }
+
 // FirstResponse returns when the first response arrived and how many
 // payload bytes it carried; a zero time if no transport reported one.
 func (b *Batch) FirstResponse() (time.Time, uint64) {

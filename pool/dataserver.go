@@ -316,10 +316,7 @@ func (s *dataServer) serve(ctx context.Context, c net.Conn, sess *session) {
 		if errors.Is(err, wire.ErrMailboxRequest) {
 			c.SetDeadline(time.Now().Add(s.ioTimeout))
 			d.mu.Lock()
-			var err error
-			if d.mbox.Pending() { // (or a client in this process served it)
-				err = d.serveMailbox(false)
-			}
+			err := d.serveMailbox(false)
 			d.mu.Unlock()
 			if err != nil {
 				d.logMailboxClose(err)

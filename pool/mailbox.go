@@ -59,8 +59,8 @@ func (d *dataConn) openMailbox() (token uint64, err error) {
 type localSession struct{ d *dataConn }
 
 // ServePost serves the mailbox's pending post in the client's goroutine,
-// under the session's lock (the serve loop may have served it already,
-// or the session ended: then nothing is pending, or nothing is done).
+// under the session's lock (unless the session ended: then nothing is
+// done).
 // The answer's writes to the socket, when there are any (an answer too
 // long for the mailbox), go to a client in this process that reads them
 // next, so they take no deadline. A post that must close the connection
@@ -69,7 +69,7 @@ func (l localSession) ServePost() {
 	d := l.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.ended || d.mbox == nil || !d.mbox.Pending() {
+	if d.ended || !d.mbox.Pending() {
 		return
 	}
 	d.localPosts.Add(1)
@@ -133,11 +133,11 @@ func (d *dataConn) serveMailbox(local bool) error {
 	if err := d.flush(); err != nil {
 		return err
 	}
-	servedBy := "node"
+	by := 0
 	if local {
-		servedBy = "client"
+		by = 1
 	}
-	d.s.metrics.mailboxPosts.WithLabelValues(servedBy).Inc()
+	d.s.metrics.postsServedBy[by].Inc()
 	seq, frames, terr := d.mbox.Take(d.mreq)
 	d.inMailbox = true
 	var serr error

@@ -105,7 +105,13 @@ func otherServer(by string) string {
 // Hello's descriptors are closed, the connection is the caller's.
 func rawShmSession(t *testing.T, n *Node) (*net.UnixConn, *wire.Conn) {
 	t.Helper()
-	nc, err := net.Dial("unix", n.ShmSocket())
+	return rawShmSessionAt(t, n.ShmSocket())
+}
+
+// rawShmSessionAt is rawShmSession on the shm socket at sock.
+func rawShmSessionAt(t *testing.T, sock string) (*net.UnixConn, *wire.Conn) {
+	t.Helper()
+	nc, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,21 +407,7 @@ func TestOtherProcessMayNotServeLocally(t *testing.T) {
 // asking to serve it, reports the answer, and checks that the session
 // still works.
 func foreignHandOver(t *testing.T, sock string) {
-	nc, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uc := nc.(*net.UnixConn)
-	defer uc.Close()
-	var h wire.Hello
-	fds, err := wire.ReceiveHello(uc, &h, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-	c := wire.NewConn(uc, wire.ConnConfig{})
+	uc, c := rawShmSessionAt(t, sock)
 	resp, err := handOverMailboxFlags(t, uc, c, wire.FlagServeLocally, mailboxFile(t, wire.MailboxBytes, true))
 	if resp == nil {
 		t.Fatalf("hand-over: %v", err)

@@ -42,6 +42,9 @@ type metrics struct {
 	arenaPopulated   prometheus.Gauge
 	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
 	mailboxPosts     *prometheus.CounterVec
+	// postsServedBy are mailboxPosts' two series, node's and client's,
+	// looked up once: every post counts in one.
+	postsServedBy [2]prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -133,6 +136,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 	for _, o := range []string{"replicated", "handed_off", "kept"} {
 		m.drainedBlocks.WithLabelValues(o)
 	}
+	m.postsServedBy = [2]prometheus.Counter{m.mailboxPosts.WithLabelValues("node"), m.mailboxPosts.WithLabelValues("client")}
 	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchedBlocks, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -276,7 +276,14 @@ func freeEndpoint(t testing.TB) string {
 //
 //	go test -run '^$' -bench FetchPrediction -benchtime 1x -v ./test
 func BenchmarkFetchPrediction(b *testing.B) {
-	c := cluster.New(b, cluster.Config{Nodes: 2, CapacityBytes: 512 << 20})
+	// The arenas are allocated before the nodes serve. Otherwise each node
+	// populates its 512 MiB in the background for as long as the bench
+	// runs (a quarter of a core on average, in bursts of 8–12 ms of a
+	// whole core on this VM), and fetches into pages not yet allocated pay
+	// their first write: on two cores, the largest scatter of the fetch
+	// times (a Go trace of the slow 16-block fetches found 2.8–11.7 ms of
+	// populating on the other core). The predictions are of settled nodes.
+	c := cluster.New(b, cluster.Config{Nodes: 2, CapacityBytes: 512 << 20, Mutate: func(_ int, c *pool.Config) { c.Prefault = true }})
 	ctx := context.Background()
 	holder, fetcher := c.Client(0, api.PathData), c.Client(1, api.PathData)
 	lengths := []int{1, 4, 16, 64}

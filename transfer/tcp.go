@@ -280,22 +280,17 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) *Batch {
 // woken onto the core the caller is running on waits behind it. A
 // connection through TLS is read by its reader, as after Submit.
 //
-// Only a small batch is driven: one that fits a single slice, or goes
-// over a single connection, and whose requests all fit the windows at
-// once. One goroutine waits on one connection at a time, and while it
+// Only a batch whose requests all fit the connections' windows at once is
+// driven: one goroutine waits on one connection at a time, and while it
 // waits on one, another whose window it has not refilled idles (chains
-// of 16 and 64 blocks measured 5–9 % slower driven); and a batch of
-// several slices spreads over the connections, whose readers then copy
-// and checksum their shares in parallel where the driver did all of it
-// alone (a 2 MiB block over two connections: p50 31 µs, 5 %, faster read
-// by the readers, in six interleaved pairs). The readers read every
-// larger batch.
+// of 16 and 64 blocks measured 5–9 % slower driven). Its readers read a
+// larger batch, in parallel.
 func (t *TCP) run(ctx context.Context, ops []Op) *Batch {
 	var bytes int
 	for _, op := range ops {
 		bytes += len(op.Local)
 	}
-	if bytes > t.cfg.ConnsPerPeer*t.cfg.WindowBytes || (t.cfg.ConnsPerPeer > 1 && bytes > t.cfg.SliceBytes) {
+	if bytes > t.cfg.ConnsPerPeer*t.cfg.WindowBytes {
 		return t.Submit(ctx, ops)
 	}
 	b, states, peers := t.submit(ctx, ops, true)

@@ -55,7 +55,7 @@ func TestTCPRunEndsWhenTheContextDoesWhileWaiting(t *testing.T) {
 		cancel()
 	}()
 	start := time.Now()
-	b, err := Run(ctx, client, []Op{{Kind: Read, Peer: ln.Addr().String(), Region: 7, Local: make([]byte, 512<<10)}})
+	b, err := Run(ctx, client, []Op{{Kind: Read, Peer: ln.Addr().String(), Region: 7, Local: make([]byte, 1<<20)}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run against a silent peer: %v, want context.Canceled", err)
 	}

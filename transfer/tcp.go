@@ -1041,6 +1041,9 @@ type tcpReading struct {
 	cur *slice // the read whose payload is coming, nil between responses
 	off int    // cur's payload bytes in
 	crc uint32 // of them, when cur is checksummed
+	// summed is how many of them crc covers: up to a 256-byte boundary
+	// until the payload is all in (api.ChecksumArrived).
+	summed int
 }
 
 // arrived returns how many bytes have arrived and wait to be read: in
@@ -1154,10 +1157,10 @@ func (c *tcpConn) step(mode stepMode) (progress bool, err error) {
 			n, err := r.br.Read(piece)
 			if n > 0 {
 				progress = true
-				if s.op.checksum {
-					r.crc = api.UpdateChecksum(r.crc, piece[:n])
-				}
 				r.off += n
+				if s.op.checksum {
+					r.crc, r.summed = api.ChecksumArrived(r.crc, s.local, r.summed, r.off)
+				}
 			}
 			if r.off == len(s.local) {
 				s.crc, r.cur = r.crc, nil
@@ -1240,7 +1243,7 @@ func (c *tcpConn) respond(s *slice, status uint8, peerCRC uint32, n uint64) erro
 		c.finishRead(s, c.error())
 		return err
 	case s.kind == Read && n > 0:
-		c.rd.cur, c.rd.off, c.rd.crc = s, 0, 0
+		c.rd.cur, c.rd.off, c.rd.crc, c.rd.summed = s, 0, 0, 0
 	default:
 		c.finishRead(s, nil)
 	}

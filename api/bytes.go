@@ -364,14 +364,11 @@ const RecvChunkBytes = 64 << 10
 // the CRC-32C of what it read, computed piece by piece while the bytes are
 // in cache. A stream that ends early is io.ErrUnexpectedEOF.
 func ReadChecksummed(r io.Reader, dst []byte) (uint32, error) {
-	var (
-		crc    uint32
-		summed int
-	)
+	var crc uint32
 	for off := 0; off < len(dst); {
 		k, err := r.Read(dst[off:min(off+RecvChunkBytes, len(dst))])
+		crc = ChecksumArrived(crc, dst, off, off+k)
 		off += k
-		crc, summed = ChecksumArrived(crc, dst, summed, off)
 		if err != nil && off < len(dst) {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF

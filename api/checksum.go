@@ -21,22 +21,27 @@ func CombineChecksum(crcA, crcB uint32, lenB int64) uint32 { return crc32c.Combi
 // 256-byte step, which is also a multiple of the cache line.
 const checksumAlign = 256
 
-// ChecksumArrived extends crc, the CRC-32C of buf[:done], over the bytes
-// that have arrived in buf since, up to filled, and returns the new CRC
-// and how far it now covers. Until buf is full it stops at a multiple of
-// 256 bytes from buf's start and leaves the rest for the next call: a read
-// from a socket ends anywhere, and folding on from there loads every
-// 64-byte line across two (512 KiB read from a loopback socket in 64 KiB
-// pieces and folded after each read, on the Intel host of the README:
-// 47–49 GB/s from where each read ended, 50–55 aligned). Call it after
-// each read; the CRC of all of buf is ready once filled is len(buf).
-func ChecksumArrived(crc uint32, buf []byte, done, filled int) (uint32, int) {
-	end := filled
-	if filled < len(buf) {
-		end -= filled % checksumAlign
+// ChecksumArrived is called after each read into buf, which filled it
+// from before to filled bytes; crc is what the previous call returned (0
+// before the first). It returns the CRC-32C of buf[:checksummed(filled)]:
+// all of buf once it is full, until then up to a multiple of 256 bytes
+// from its start, the rest left for the next call. A read from a socket
+// ends anywhere, and folding on from there loads every 64-byte line
+// across two (512 KiB read from a loopback socket in 64 KiB pieces and
+// folded after each read, on the Intel host of the README: 47–49 GB/s
+// from where each read ended, 50–55 aligned).
+func ChecksumArrived(crc uint32, buf []byte, before, filled int) uint32 {
+	if from, to := checksummed(buf, before), checksummed(buf, filled); to > from {
+		crc = crc32c.Update(crc, buf[from:to])
 	}
-	if end <= done {
-		return crc, done
+	return crc
+}
+
+// checksummed is how much of buf, filled to n bytes, ChecksumArrived has
+// folded.
+func checksummed(buf []byte, n int) int {
+	if n == len(buf) {
+		return n
 	}
-	return crc32c.Update(crc, buf[done:end]), end
+	return n - n%checksumAlign
 }

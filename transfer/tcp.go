@@ -1040,10 +1040,7 @@ type tcpReading struct {
 	nh  int    // header bytes in
 	cur *slice // the read whose payload is coming, nil between responses
 	off int    // cur's payload bytes in
-	crc uint32 // of them, when cur is checksummed
-	// summed is how many of them crc covers: up to a 256-byte boundary
-	// until the payload is all in (api.ChecksumArrived).
-	summed int
+	crc uint32 // of them, when cur is checksummed (api.ChecksumArrived's)
 }
 
 // arrived returns how many bytes have arrived and wait to be read: in
@@ -1157,10 +1154,10 @@ func (c *tcpConn) step(mode stepMode) (progress bool, err error) {
 			n, err := r.br.Read(piece)
 			if n > 0 {
 				progress = true
-				r.off += n
 				if s.op.checksum {
-					r.crc, r.summed = api.ChecksumArrived(r.crc, s.local, r.summed, r.off)
+					r.crc = api.ChecksumArrived(r.crc, s.local, r.off, r.off+n)
 				}
+				r.off += n
 			}
 			if r.off == len(s.local) {
 				s.crc, r.cur = r.crc, nil
@@ -1243,7 +1240,7 @@ func (c *tcpConn) respond(s *slice, status uint8, peerCRC uint32, n uint64) erro
 		c.finishRead(s, c.error())
 		return err
 	case s.kind == Read && n > 0:
-		c.rd.cur, c.rd.off, c.rd.crc, c.rd.summed = s, 0, 0, 0
+		c.rd.cur, c.rd.off, c.rd.crc = s, 0, 0
 	default:
 		c.finishRead(s, nil)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -155,6 +156,9 @@ type Client struct {
 	// path's own when it is the data channel); nil: Fetch is a gRPC call
 	// (PathGRPC, or a node without Fetch frames).
 	fetches *dataPath
+	// fetchOverhead is what the last Fetch that pulled anything cost
+	// beyond the node's fetch, in nanoseconds; the next Fetch reports it.
+	fetchOverhead atomic.Int64
 
 	holders holderClients // GetDirect's clients of other nodes
 
@@ -316,20 +320,50 @@ type FetchResult struct {
 // them (InfoResponse.fetch_frames), on every path but PathGRPC: a gRPC
 // call costs 0.1–0.3 ms more, up to a third of a 2 MiB block's fetch on
 // loopback.
+//
+// Each call tells the node what the previous one cost beyond the node's
+// own fetch (its request's way there, the answer's way back, this
+// goroutine's wake-up): the node adds that to the fetch times its links
+// learn from, so that its plans predict the wait a caller sees.
 func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	start := time.Now()
+	overhead := time.Duration(c.fetchOverhead.Load())
+	var out []FetchResult
 	if c.fetches != nil {
-		return c.fetches.fetch(ctx, tenant, namespace, keys, timeout)
+		var err error
+		if out, err = c.fetches.fetch(ctx, tenant, namespace, keys, timeout, overhead); err != nil {
+			return nil, err
+		}
+	} else {
+		resp, err := c.rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: tenant, Namespace: namespace, Keys: keys, TimeoutMs: uint32(timeout / time.Millisecond),
+			PreviousCallOverheadUs: uint64(overhead / time.Microsecond)})
+		if err != nil {
+			return nil, FromStatus(err)
+		}
+		out = make([]FetchResult, len(resp.GetResults()))
+		for i, r := range resp.GetResults() {
+			out[i] = FetchResult{Source: r.GetSourceNode(), Size: int64(r.GetSizeBytes()), Err: FromCode(codes.Code(r.GetStatus().GetCode()), r.GetStatus().GetMessage()),
+				Took: time.Duration(r.GetFetchSeconds() * float64(time.Second))}
+		}
 	}
-	resp, err := c.rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: tenant, Namespace: namespace, Keys: keys, TimeoutMs: uint32(timeout / time.Millisecond)})
-	if err != nil {
-		return nil, FromStatus(err)
-	}
-	out := make([]FetchResult, len(resp.GetResults()))
-	for i, r := range resp.GetResults() {
-		out[i] = FetchResult{Source: r.GetSourceNode(), Size: int64(r.GetSizeBytes()), Err: FromCode(codes.Code(r.GetStatus().GetCode()), r.GetStatus().GetMessage()),
-			Took: time.Duration(r.GetFetchSeconds() * float64(time.Second))}
+	if d, ok := callOverhead(time.Since(start), out); ok {
+		c.fetchOverhead.Store(int64(d))
 	}
 	return out, nil
+}
+
+// callOverhead returns what a Fetch call that took call cost beyond the
+// node's longest fetch among its results, and false when the node pulled
+// nothing (every block was local or failed), which says nothing of it.
+func callOverhead(call time.Duration, res []FetchResult) (time.Duration, bool) {
+	var took time.Duration
+	for _, r := range res {
+		took = max(took, r.Took)
+	}
+	if took <= 0 || call <= took {
+		return 0, false
+	}
+	return call - took, true
 }
 
 // Locate returns how many leading keys of chain the node holds.

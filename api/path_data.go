@@ -241,13 +241,15 @@ func (p *dataPath) remove(ctx context.Context, tenant, namespace string, keys []
 // fetch makes the chain's blocks local on the node with one Fetch frame
 // (see wire/fetch.go): what Client.Fetch does over gRPC, without a
 // call's overhead.
-func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+// overhead is what the client's previous Fetch cost beyond the node's
+// fetch (0: unknown), which the frame reports to the node.
+func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout, overhead time.Duration) ([]FetchResult, error) {
 	if err := ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
 	var out []FetchResult
 	err := p.withConn(ctx, func(c *wire.Conn) (err error) {
-		out, err = FetchOver(ctx, c, tenant, namespace, keys, timeout)
+		out, err = fetchOver(ctx, c, tenant, namespace, keys, timeout, overhead)
 		return err
 	})
 	return out, err
@@ -261,10 +263,17 @@ func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][
 // then broken) or a malformed answer's; each key's outcome is its
 // result's Err.
 func FetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
+	return fetchOver(ctx, c, tenant, namespace, keys, timeout, 0)
+}
+
+// fetchOver is FetchOver reporting overhead, what the caller's previous
+// Fetch cost beyond the node's fetch (0: unknown).
+func fetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys [][]byte, timeout, overhead time.Duration) ([]FetchResult, error) {
 	chain := wire.AppendChain(nil, keys)
 	defer c.Bind(ctx)()
 	c.Queue(&wire.Request{Op: wire.OpFetch, Tenant: []byte(tenant), Namespace: []byte(namespace),
-		ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32))})
+		ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32)),
+		CallOverheadUs: uint64(max(overhead, 0) / time.Microsecond)})
 	if err := c.Flush(chain); err != nil {
 		return nil, ioError(ctx, "fetch", err)
 	}

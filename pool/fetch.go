@@ -77,8 +77,12 @@ type fetcher struct {
 	fetchedBlocks *prometheus.CounterVec // blocks, by how they were addressed
 	sizes         blockSizes             // per namespace: the size named reads ask for
 	fetchFailures *prometheus.CounterVec // blocks not pulled, by reason
-	now           func() time.Time
-	log           *slog.Logger
+	// overheads are what callers report their calls cost beyond the
+	// fetch; callOverhead shows their median (nil: not exported).
+	overheads    callOverheads
+	callOverhead prometheus.Gauge
+	now          func() time.Time
+	log          *slog.Logger
 }
 
 // newPeerPool keeps data-channel connections to peers: the control plane
@@ -159,9 +163,10 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	for i := range out {
 		out[i].Err = errs[i]
 	}
-	// What answering took counts in the links' fits: a fetch is over for
-	// its caller when the answer has reached it, and that is what Plan
-	// predicts.
+	// What answering took counts in the links' fits, or what the callers
+	// report their calls cost beyond the fetch once they have: a fetch is
+	// over for its caller when the answer has reached it, and that is
+	// what Plan predicts.
 	final := time.Now()
 	if answer != nil {
 		answer(out)
@@ -174,6 +179,19 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	// prefix-aware policies who follows whom.
 	f.store.Locate([]byte(tenant), []byte(namespace), keys)
 	return out, nil
+}
+
+// ReportCallOverhead takes a caller's report of how much longer its
+// previous Fetch took, timed around the call, than this node's fetch:
+// the part of its wait the node cannot time (see callOverheads). An
+// implausible report is ignored.
+func (f *fetcher) ReportCallOverhead(d time.Duration) {
+	if !f.overheads.report(d) || f.callOverhead == nil {
+		return
+	}
+	if m, ok := f.overheads.median(); ok {
+		f.callOverhead.Set(m.Seconds())
+	}
 }
 
 // peerHolders returns the other live nodes holding key, best measured
@@ -461,8 +479,9 @@ func (p *pull) after(f *fetcher) func(answering time.Duration) {
 		f.links.ObserveRead(holder.ID, int64(batch.Bytes()), p.t0, first, int64(firstBytes), p.end)
 		if p.werr == nil {
 			// The whole fetch, from the call to the commits and the
-			// answer, fits the link's fixed and per-block costs.
-			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+answering, p.end)
+			// answer in the caller's hands, fits the link's fixed and
+			// per-block costs.
+			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+f.overheads.beyond(answering), p.end)
 		}
 		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "named", p.named(), "before_read", p.t0.Sub(p.begin),
 			"first_response", first.Sub(p.t0), "read_and_commit", p.end.Sub(p.t0))

@@ -68,6 +68,9 @@ type chainFetcher interface {
 	// Fetch calls answer, when not nil, with the results as soon as they
 	// are final, and returns them after its bookkeeping.
 	Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration, answer func([]api.FetchResult)) ([]api.FetchResult, error)
+	// ReportCallOverhead takes a caller's report of how much longer its
+	// previous Fetch took than the node's own timing of it.
+	ReportCallOverhead(d time.Duration)
 	Route(tenant, namespace string, keys [][]byte) ([][]api.Holder, error)
 }
 
@@ -432,6 +435,9 @@ func (s *kvService) ReportLoad(_ context.Context, req *kvpoolv1.ReportLoadReques
 }
 
 func (s *kvService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*kvpoolv1.FetchResponse, error) {
+	if us := req.GetPreviousCallOverheadUs(); us > 0 {
+		s.fetch.ReportCallOverhead(overheadFromMicros(us))
+	}
 	res, err := s.fetch.Fetch(ctx, req.GetTenant(), req.GetNamespace(), req.GetKeys(), time.Duration(req.GetTimeoutMs())*time.Millisecond, nil)
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ type metrics struct {
 	fetched       *prometheus.CounterVec // by transport
 	fetchedBlocks *prometheus.CounterVec // by how they were addressed (fetch.go)
 	fetchFailures *prometheus.CounterVec // by reason (fetch.go)
+	callOverhead  prometheus.Gauge       // the callers' reported median (fetch.go)
 	planDecisions *prometheus.CounterVec // by plan, where
 	badPolicies   prometheus.Counter
 	acceptErrors  *prometheus.CounterVec // by door
@@ -77,6 +78,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 			Name: "kvpool_transfer_fetch_failures_total",
 			Help: "Blocks a Fetch could not pull from a holder, by reason: unreachable (no connection), pin (the holder refused or lost the block), space (no room here), read (the transfer failed or timed out), checksum (the bytes did not match the holder's CRC). The caller recomputes them or another holder is tried.",
 		}, []string{"reason"}),
+		callOverhead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvpool_transfer_fetch_call_overhead_seconds",
+			Help: "The median of what this node's callers report their last 63 Fetch calls cost beyond the node's own fetch (their request's way in, the answer's way out, their wake-up), 0 until three have reported. The links' fitted fixed cost per fetch includes it, so Plan predicts the wait a caller sees.",
+		}),
 		planDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_plan_decisions_total",
 			Help: "Plans answered (Plan, Estimate), by the winning candidate's plan (local, fetch, split, recompute) and whether it is this node (where: this_node, other_node).",
@@ -137,7 +142,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 		m.drainedBlocks.WithLabelValues(o)
 	}
 	m.postsServedBy = [2]prometheus.Counter{m.mailboxPosts.WithLabelValues("node"), m.mailboxPosts.WithLabelValues("client")}
-	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchedBlocks, m.fetchFailures, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
+	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchedBlocks, m.fetchFailures, m.callOverhead, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "kvpool_pool_open_connections",

@@ -589,3 +589,57 @@ func TestFetchFallsBackToAPinWhenTheLearnedSizeDoesNotFit(t *testing.T) {
 		t.Fatalf("blocks fetched by how they were addressed: %v, want the 1 MiB block pinned", by)
 	}
 }
+
+// A caller tells the node, with each Fetch, what its previous one cost
+// beyond the node's own fetch (its request's way in, the answer's way
+// out, its wake-up), through either door; the node shows the median of
+// what its callers report once three have, and its links' fits count it.
+func TestFetchCallersReportWhatTheirCallsCost(t *testing.T) {
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	c := cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
+		pc.Registerer, pc.Gatherer = regs[i], regs[i]
+	}})
+	held := [][][]byte{chainKeys(t, 53, 4), chainKeys(t, 59, 4)} // by the node holding them
+	putBlocks(t, c.Client(0, api.PathData), held[0], 64<<10)
+	putBlocks(t, c.Client(1, api.PathData), held[1], 64<<10)
+	c.Converged(10 * time.Second)
+	ctx := context.Background()
+	// Node 1 fetches over the data channel, node 0 over gRPC: one block
+	// per call, so the second to fourth calls report the one before.
+	for fetcher, path := range []api.Path{api.PathGRPC, api.PathData} {
+		reg, keys := regs[fetcher], held[1-fetcher]
+		cli := c.Client(fetcher, path)
+		for i, k := range keys[:3] {
+			if got := gaugeValue(t, reg, "kvpool_transfer_fetch_call_overhead_seconds"); got != 0 {
+				t.Fatalf("%v: %v s before the third report", path, got)
+			}
+			res, err := cli.Fetch(ctx, "acme", "llama3-8b", [][]byte{k}, 0)
+			if err != nil || res[0].Err != nil || res[0].Took <= 0 {
+				t.Fatalf("%v: fetch %d: %v %+v", path, i, err, res)
+			}
+		}
+		// The fourth call brings the third report.
+		if _, err := cli.Fetch(ctx, "acme", "llama3-8b", keys[3:], 0); err != nil {
+			t.Fatal(err)
+		}
+		if got := gaugeValue(t, reg, "kvpool_transfer_fetch_call_overhead_seconds"); got <= 0 || got > 0.1 {
+			t.Fatalf("%v: callers' median overhead %v s after three reports", path, got)
+		}
+	}
+}
+
+// gaugeValue returns the value of the unlabelled gauge name in reg.
+func gaugeValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}

@@ -245,9 +245,15 @@ type Request struct {
 	TimeoutMs uint32
 	ValueLen  uint64
 	Handle    uint64
-	Tenant    []byte
-	Namespace []byte
-	Key       []byte
+	// CallOverheadUs, on a Fetch, is how much longer the client's
+	// previous Fetch took, timed around its call, than the node said
+	// its fetch took (FetchResult.Took), in microseconds; 0 when the
+	// client does not know. It shares the header field with Handle,
+	// which a Fetch does not carry.
+	CallOverheadUs uint64
+	Tenant         []byte
+	Namespace      []byte
+	Key            []byte
 }
 
 // ErrProtocol marks a malformed frame; the connection cannot continue.
@@ -264,7 +270,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	binary.LittleEndian.PutUint32(h[8:], r.CRC)
 	binary.LittleEndian.PutUint32(h[12:], r.Replicas|r.LeaseMs|r.TimeoutMs)
 	binary.LittleEndian.PutUint64(h[16:], r.ValueLen)
-	binary.LittleEndian.PutUint64(h[24:], r.Handle)
+	binary.LittleEndian.PutUint64(h[24:], r.Handle|r.CallOverheadUs)
 	b = append(b, h[:]...)
 	b = append(b, r.Tenant...)
 	b = append(b, r.Namespace...)
@@ -287,6 +293,10 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 	r.Replicas, r.LeaseMs, r.TimeoutMs = 0, 0, 0
 	r.ValueLen = binary.LittleEndian.Uint64(h[16:])
 	r.Handle = binary.LittleEndian.Uint64(h[24:])
+	r.CallOverheadUs = 0
+	if r.Op == OpFetch {
+		r.Handle, r.CallOverheadUs = 0, r.Handle
+	}
 	switch {
 	case r.Op == opInvalid || r.Op >= opCount:
 		return 0, fmt.Errorf("%w: unknown op %d", ErrProtocol, h[0])

@@ -29,12 +29,14 @@ func TestLeaseAndForceRoundTrip(t *testing.T) {
 		{Op: OpRemove, Flags: FlagForce, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")},
 		{Op: OpCommit, Flags: FlagChecksum, Replicas: 3, Handle: 9},
 		{Op: OpFetch, TimeoutMs: 2500, ValueLen: 12, Tenant: []byte("t"), Namespace: []byte("n")},
+		{Op: OpFetch, ValueLen: 12, CallOverheadUs: 87, Tenant: []byte("t"), Namespace: []byte("n")},
 	} {
 		var out Request
 		if err := ReadRequest(bytes.NewReader(AppendRequest(nil, &in)), make([]byte, RequestBufferBytes), &out); err != nil {
 			t.Fatalf("%v: %v", in.Op, err)
 		}
-		if out.Op != in.Op || out.Flags != in.Flags || out.LeaseMs != in.LeaseMs || out.Replicas != in.Replicas || out.Handle != in.Handle || out.TimeoutMs != in.TimeoutMs {
+		if out.Op != in.Op || out.Flags != in.Flags || out.LeaseMs != in.LeaseMs || out.Replicas != in.Replicas || out.Handle != in.Handle || out.TimeoutMs != in.TimeoutMs ||
+			out.CallOverheadUs != in.CallOverheadUs {
 			t.Errorf("round trip: got %+v, want %+v", out, in)
 		}
 	}

@@ -113,6 +113,23 @@ def test_corrupt_block_is_recomputed(cluster, reference):
     compare("corrupt block", got, d / "corrupt.npy", reference)
 
 
+def test_fetch_reports_what_the_call_cost(cluster):
+    """A fetch that pulls tells the client what the call cost beyond the
+    daemon's own fetch; the next fetch reports it, and the daemon adds it
+    to the fetch times its links learn from (the Go suite checks that
+    side: TestFetchCallersReportWhatTheirCallsCost)."""
+    keys = [b"overhead-0", b"overhead-1"]
+    with kvpool.Client(cluster["a"].addr, tenant="overhead", path="grpc") as a, \
+            kvpool.Client(cluster["b"].addr, tenant="overhead", path="grpc") as b:
+        for k in keys:
+            a.put(k, bytes(64 << 10))
+        wait_until(lambda: all(any(h.node_id == "engine-a" for h in hs) for hs in b.route(keys)), 20, "B to see A's blocks")
+        assert b._fetch_overhead_us == 0
+        assert b.fetch(keys[:1]) == [kvpool.FetchResult("engine-a", 64 << 10, None)]
+        assert 0 < b._fetch_overhead_us < 100_000
+        assert b.fetch(keys[1:]) == [kvpool.FetchResult("engine-a", 64 << 10, None)]
+
+
 def test_holder_killed_mid_fetch(cluster, reference):
     save_on_a(cluster, "kill")
     d = cluster["dir"]

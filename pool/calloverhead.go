@@ -19,7 +19,10 @@ const minCallOverheadReports = 3
 // microseconds beyond the node's fetch (its request's way in, the
 // answer's way out, its own wake-up; a gRPC call up to a few
 // milliseconds); a longer gap is a stalled client or a broken clock.
-const maxCallOverhead = 100 * time.Millisecond
+// The bound also limits what a caller reporting nonsense can do to the
+// plans of the node's other tenants: at worst every fetch looks this
+// much dearer, and only while such reports are most of the latest.
+const maxCallOverhead = 10 * time.Millisecond
 
 // callOverheads keeps what the node's callers report their Fetch calls
 // cost beyond the node's own fetch: the part of the wait the node cannot

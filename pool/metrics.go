@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 		}, []string{"reason"}),
 		callOverhead: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvpool_transfer_fetch_call_overhead_seconds",
-			Help: "The median of what this node's callers report their last 63 Fetch calls cost beyond the node's own fetch (their request's way in, the answer's way out, their wake-up), 0 until three have reported. The links' fitted fixed cost per fetch includes it, so Plan predicts the wait a caller sees.",
+			Help: "The median of what this node's callers report their last 63 Fetch calls cost beyond the node's own fetch (their request's way in, the answer's way out, their wake-up; reports of more than 10 ms are dropped), 0 until three have reported. The links' fitted fixed cost per fetch includes it, so Plan predicts the wait a caller sees.",
 		}),
 		planDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_plan_decisions_total",

@@ -599,31 +599,33 @@ func TestFetchCallersReportWhatTheirCallsCost(t *testing.T) {
 	c := cluster.New(t, cluster.Config{Nodes: 2, Mutate: func(i int, pc *pool.Config) {
 		pc.Registerer, pc.Gatherer = regs[i], regs[i]
 	}})
-	held := [][][]byte{chainKeys(t, 53, 4), chainKeys(t, 59, 4)} // by the node holding them
+	held := [][][]byte{chainKeys(t, 53, 8), chainKeys(t, 59, 8)} // by the node holding them
 	putBlocks(t, c.Client(0, api.PathData), held[0], 64<<10)
 	putBlocks(t, c.Client(1, api.PathData), held[1], 64<<10)
 	c.Converged(10 * time.Second)
 	ctx := context.Background()
-	// Node 1 fetches over the data channel, node 0 over gRPC: one block
-	// per call, so the second to fourth calls report the one before.
+	// Node 0 fetches over gRPC, node 1 over the data channel, one block
+	// per call: call i brings the report of call i-1, so the median shows
+	// from the fourth call on (later if the node drops a report as
+	// implausible: a call slower than 10 ms on a loaded machine).
 	for fetcher, path := range []api.Path{api.PathGRPC, api.PathData} {
-		reg, keys := regs[fetcher], held[1-fetcher]
-		cli := c.Client(fetcher, path)
-		for i, k := range keys[:3] {
-			if got := gaugeValue(t, reg, "kvpool_transfer_fetch_call_overhead_seconds"); got != 0 {
-				t.Fatalf("%v: %v s before the third report", path, got)
-			}
+		reg, cli := regs[fetcher], c.Client(fetcher, path)
+		var median float64
+		for i, k := range held[1-fetcher] {
 			res, err := cli.Fetch(ctx, "acme", "llama3-8b", [][]byte{k}, 0)
 			if err != nil || res[0].Err != nil || res[0].Took <= 0 {
 				t.Fatalf("%v: fetch %d: %v %+v", path, i, err, res)
 			}
+			median = gaugeValue(t, reg, "kvpool_transfer_fetch_call_overhead_seconds")
+			if i < 3 && median != 0 {
+				t.Fatalf("%v: a median of %v s after %d reports", path, median, i)
+			}
+			if median != 0 {
+				break
+			}
 		}
-		// The fourth call brings the third report.
-		if _, err := cli.Fetch(ctx, "acme", "llama3-8b", keys[3:], 0); err != nil {
-			t.Fatal(err)
-		}
-		if got := gaugeValue(t, reg, "kvpool_transfer_fetch_call_overhead_seconds"); got <= 0 || got > 0.1 {
-			t.Fatalf("%v: callers' median overhead %v s after three reports", path, got)
+		if median <= 0 || median > 0.01 {
+			t.Fatalf("%v: the callers' median overhead is %v s after %d calls", path, median, len(held[1-fetcher]))
 		}
 	}
 }

@@ -28,7 +28,7 @@ const maxCallOverhead = 10 * time.Millisecond
 // cost beyond the node's own fetch: the part of the wait the node cannot
 // time. The links' fits of fetch costs add the median of the latest
 // reports to each fetch they learn from, so that Plan predicts the wait
-// a caller sees (on loopback, 50–100 µs of a 2 MiB block's 0.6–0.9 ms
+// a caller sees (on loopback, 80–110 µs of a 2 MiB block's 0.6–0.9 ms
 // fetch). Safe for concurrent use.
 type callOverheads struct {
 	mu     sync.Mutex

@@ -34,6 +34,10 @@ type callOverheads struct {
 	mu     sync.Mutex
 	latest [callOverheadReports]time.Duration // a ring, written at n % len
 	n      int                                // reports taken
+	// mid is the median of latest[:min(n, len)], taken as each report
+	// comes (the only time it changes), so that reading it, once per
+	// fetch, sorts nothing.
+	mid time.Duration
 }
 
 // report takes one caller's report of d. It returns false, and changes
@@ -43,9 +47,13 @@ func (c *callOverheads) report(d time.Duration) bool {
 		return false
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.latest[c.n%len(c.latest)] = d
 	c.n++
-	c.mu.Unlock()
+	var buf [callOverheadReports]time.Duration
+	kept := buf[:copy(buf[:], c.latest[:min(c.n, len(c.latest))])]
+	slices.Sort(kept)
+	c.mid = kept[len(kept)/2]
 	return true
 }
 
@@ -54,13 +62,7 @@ func (c *callOverheads) report(d time.Duration) bool {
 func (c *callOverheads) median() (time.Duration, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.n < minCallOverheadReports {
-		return 0, false
-	}
-	var buf [callOverheadReports]time.Duration
-	kept := buf[:copy(buf[:], c.latest[:min(c.n, len(c.latest))])]
-	slices.Sort(kept)
-	return kept[len(kept)/2], true
+	return c.mid, c.n >= minCallOverheadReports
 }
 
 // beyond returns what a fetch cost its caller beyond the node's own

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"text/tabwriter"
 	"time"
@@ -107,7 +108,7 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var blockBytes int64 = 2 << 20
 	var path string
 	var asJSON, quiet bool
-	var cpuProfile string
+	var cpuProfile, memProfile string
 	var remote, authCompare bool
 	var diskDir, segmentPath string
 	var diskIO disk.IOMode
@@ -211,6 +212,21 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				}
 				defer pprof.StopCPUProfile()
 			}
+			if memProfile != "" {
+				f, err := os.Create(memProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				// Deferred before the run, so it sees everything the run
+				// allocated (the baselines' few buffers included).
+				defer func() {
+					runtime.GC() // the profile holds what the last completed cycle saw
+					if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+						fmt.Fprintf(e.stderr, "memprofile: %v\n", err)
+					}
+				}()
+			}
 			if path == "disk" {
 				dc := bench.DiskConfig{Dir: diskDir, IO: diskIO, BlockBytes: int(blockBytes), Clients: cfg.Clients, Duration: cfg.Duration, Rounds: cfg.Rounds, SegmentPath: segmentPath}
 				if cmd.Flags().Changed("working-set") {
@@ -292,6 +308,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.StringVar(&memProfile, "memprofile", "", "write a profile of the run's heap allocations to this file when it ends (go tool pprof -sample_index=alloc_space)")
 	f.BoolVar(&authCompare, "auth", false, "compare, in one run, an open node, a secured node over plaintext with a token, and the secured node over TLS with a client certificate (data path; --op, --block-size, --clients, --duration and --rounds apply)")
 	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")
 	f.Var(textV[transfer.Protocol]{&rc.Transport}, "transport", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,6 +201,48 @@ func TestSnapshotCompactsTheLog(t *testing.T) {
 	}
 	late := startMirror(t, newClient(t, e.ClientURL()))
 	converged(t, cli, late, a)
+}
+
+// TestFlushGapSpacesTheBatches: changes that each wait for the last to
+// be written go out one batch each, never two within FlushGap of each
+// other; without a gap they go out a FlushInterval apart.
+func TestFlushGapSpacesTheBatches(t *testing.T) {
+	e := startEtcd(t)
+	cli := newClient(t, e.ClientURL())
+	const rounds = 8
+	for _, tc := range []struct {
+		name string
+		gap  time.Duration
+	}{
+		{"gap 40ms", 40 * time.Millisecond},
+		{"no gap", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startMember(t, cli, "node-"+strings.ReplaceAll(tc.name, " ", "-"), func(c *MemberConfig) {
+				c.FlushInterval = time.Millisecond
+				c.FlushGap = tc.gap
+			})
+			eventually.True(t, "the registration's snapshot", patience, func() bool { return a.Pending() == 0 })
+			before := a.Stats().Batches
+			start := time.Now()
+			for i := range rounds {
+				a.store.add(a.Member, "t", "n", fmt.Sprintf("k%d", i))
+				eventually.True(t, "the change written", patience, func() bool { return a.Pending() == 0 })
+			}
+			elapsed := time.Since(start)
+			batches := a.Stats().Batches - before
+			if batches != rounds {
+				t.Fatalf("%d batches for %d changes written one at a time", batches, rounds)
+			}
+			// Each batch after the first waited for the gap after the
+			// one before.
+			if tc.gap > 0 && elapsed < (rounds-1)*tc.gap {
+				t.Fatalf("%d batches in %v: closer than the %v gap", batches, elapsed, tc.gap)
+			}
+			mm := startMirror(t, cli)
+			converged(t, cli, mm, a)
+		})
+	}
 }
 
 func TestGossipDetectsDeathAndCarriesLoad(t *testing.T) {

@@ -100,6 +100,7 @@ func newCluster(n *Node, log *slog.Logger) (_ *cluster, err error) {
 			HostToGPUBytesPerSecond: cfg.HostToGPUBytesPerSecond,
 		},
 		LeaseTTL: cfg.LeaseTTL,
+		FlushGap: cfg.LocationFlushGap,
 		Snapshot: n.blocks.ForEach,
 		Links:    func() []metadata.LinkRecord { return linkRecords(n.links.All(cfg.Now()), cfg.NodeID) },
 		Logger:   log,

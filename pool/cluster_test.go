@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,22 @@ func etcdClient(t *testing.T) *clientv3.Client {
 // TestClusterSetupFailureLeavesNothingRunning: memberlist starts its
 // listeners when the gossip is created, so a failure after that (here the
 // membership's own validation) must shut the gossip down again.
+// A location flush gap must leave the lease its renewals: at most a
+// quarter of the TTL.
+func TestLocationFlushGapWithinTheLease(t *testing.T) {
+	cfg := TestConfig("gap", 4<<20)
+	cfg.DisableShm = true
+	cfg.Etcd, cfg.LocationFlushGap = etcdClient(t), 2*time.Second // the lease is 5 s
+	n, err := New(cfg)
+	if err == nil {
+		n.Close()
+		t.Fatal("New accepted a 2s location flush gap on a 5s lease")
+	}
+	if !strings.Contains(err.Error(), "location flush gap 2s") {
+		t.Fatalf("error %q does not name the gap", err)
+	}
+}
+
 func TestClusterSetupFailureLeavesNothingRunning(t *testing.T) {
 	cli := etcdClient(t)
 	cfg := TestConfig(fmt.Sprintf("n%d", rand.Uint32()), 4<<20)

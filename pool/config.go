@@ -127,6 +127,13 @@ type ClusterConfig struct {
 	// LeaseTTL is the lease of the node's etcd records: how long they
 	// outlive a node that dies. Default 5 s.
 	LeaseTTL time.Duration
+	// LocationFlushGap is the least time between two batches of the
+	// node's block locations written to etcd, which bounds the write
+	// load each node puts on etcd at one batch per gap; a change after a
+	// quiet spell goes out within 5 ms. Other nodes see a new block or
+	// an eviction up to this much later. Default 50 ms; negative: no
+	// gap (a batch every 5 ms under load).
+	LocationFlushGap time.Duration
 	// GossipAddr is host:port for gossip (UDP and TCP). Default: the
 	// listen host, a free port.
 	GossipAddr string
@@ -435,6 +442,9 @@ func (c *ClusterConfig) validate() []error {
 	var p problems
 	if c.LeaseTTL < 2*time.Second {
 		p.add("lease TTL %v: want at least 2s", c.LeaseTTL)
+	}
+	if c.LocationFlushGap > c.LeaseTTL/4 {
+		p.add("location flush gap %v: want at most a quarter of the lease TTL (%v)", c.LocationFlushGap, c.LeaseTTL/4)
 	}
 	if c.Zone != "" {
 		if err := api.ValidateName("zone", c.Zone); err != nil {

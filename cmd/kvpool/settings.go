@@ -102,6 +102,7 @@ var settings = []setting{
 	{"advertise", "address other nodes and clients reach this node at (default: the bound --listen address)", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.AdvertiseAddr) }},
 	{"zone", "failure domain shown to operators, [A-Za-z0-9._-]; copies go to other zones first", func(c *pool.Config, _ *serveOptions) pflag.Value { return stringV(&c.Zone) }},
 	{"lease-ttl", "etcd lease of the node's records: how long they outlive a crashed node", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.LeaseTTL) }},
+	{"location-flush-gap", "least time between two batches of this node's block locations written to etcd: under load each node writes at most one per gap, and other nodes see its new blocks and evictions up to this much later (default 50ms; negative: no gap)", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.LocationFlushGap) }},
 	{"transport", "how the node pulls blocks from peers: tcp, grpc, or shm (peers on this host through shared memory, others over tcp)", func(c *pool.Config, _ *serveOptions) pflag.Value { return textV[transfer.Protocol]{&c.Transport} }},
 	{"transfer-conns", "tcp transport: connections per peer that one transfer is striped over", func(c *pool.Config, _ *serveOptions) pflag.Value { return intV(&c.TransferConns) }},
 	{"fetch-timeout", "longest one holder may take to deliver a fetch before the next holder is tried or the caller gets Unavailable", func(c *pool.Config, _ *serveOptions) pflag.Value { return durationV(&c.FetchTimeout) }},

@@ -37,9 +37,6 @@ func etcdClient(t *testing.T) *clientv3.Client {
 	return cli
 }
 
-// TestClusterSetupFailureLeavesNothingRunning: memberlist starts its
-// listeners when the gossip is created, so a failure after that (here the
-// membership's own validation) must shut the gossip down again.
 // A location flush gap must leave the lease its renewals: at most a
 // quarter of the TTL.
 func TestLocationFlushGapWithinTheLease(t *testing.T) {
@@ -56,6 +53,9 @@ func TestLocationFlushGapWithinTheLease(t *testing.T) {
 	}
 }
 
+// TestClusterSetupFailureLeavesNothingRunning: memberlist starts its
+// listeners when the gossip is created, so a failure after that (here the
+// membership's own validation) must shut the gossip down again.
 func TestClusterSetupFailureLeavesNothingRunning(t *testing.T) {
 	cli := etcdClient(t)
 	cfg := TestConfig(fmt.Sprintf("n%d", rand.Uint32()), 4<<20)

@@ -42,6 +42,8 @@ func TestUsageErrors(t *testing.T) {
 		{"block", "fetch", "--tenant", "t", "--namespace", "n", "--keys", "a", "--dir", dir},
 		{"node", "bench", "--op", "delete"},
 		{"node", "bench", "--path", "carrier-pigeon"},
+		// The node's arena is the other process's to place.
+		{"node", "bench", "--path", "data", "--server", "127.0.0.1:1", "--segment-path", "/dev/shm/kvpool-nowhere"},
 		{"chain"},
 		{"chain", "keys", "--block-tokens", "0"},
 		{"chain", "plan", "--tokens", "0"},
@@ -565,6 +567,9 @@ func TestBenchSmoke(t *testing.T) {
 		// pages), the baseline's memory in one beside it.
 		{"--op", "put", "--path", "shm", "--block-size", "1MiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-%d", os.Getpid())},
 		{"--remote", "--chain-blocks", "2", "--block-size", "256KiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-remote-%d", os.Getpid())},
+		// A put over TCP into an arena in a file, the raw-TCP
+		// baseline receiving into memory beside it.
+		{"--op", "put", "--block-size", "1MiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-data-%d", os.Getpid())},
 	} {
 		r := mustOK(t, kv(t, nil, append([]string{"node", "bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
 		var res map[string]any

@@ -194,8 +194,8 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 				return usagef("--block-size %d: want 1 byte to 4 GiB", blockBytes)
 			}
 			cfg.Path, cfg.BlockBytes = p, int(blockBytes)
-			if segmentPath != "" && !remote && path != "disk" && path != "shm" {
-				return usagef("--segment-path is for --path shm or disk, or --remote")
+			if segmentPath != "" && !remote && path != "disk" && path != "shm" && (path != "data" || cfg.Server != "") {
+				return usagef("--segment-path is for --path shm or disk, --path data with the node in this process, or --remote")
 			}
 			cfg.SegmentPath = segmentPath
 			if !quiet {
@@ -295,7 +295,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.StringVar(&path, "path", "data", "how bytes move: data (framed TCP), shm (same-host shared memory) or grpc; or disk, the disk tier")
 	f.StringVar(&diskDir, "disk-dir", "", "with --path disk: the directory to measure in (default $TMPDIR)")
 	f.Var(&diskIO, "disk-io", "with --path disk: auto, direct or buffered")
-	f.StringVar(&segmentPath, "segment-path", "", "with --path disk or shm, or --remote: back the in-process node's arena (with --remote both nodes', at this path plus -fetcher and -holder) with a file at this path (on a hugetlbfs mount: huge pages; --capacity a whole number of free ones) and the baseline's memory with one beside it, the same kind; with --server, only the baseline's (name the mount the node's arena is on) (default: memfds for disk; otherwise memfd arenas and baselines on the heap)")
+	f.StringVar(&segmentPath, "segment-path", "", "with --path disk or shm, --path data and no --server, or --remote: back the in-process node's arena (with --remote both nodes', at this path plus -fetcher and -holder) with a file at this path (on a hugetlbfs mount: huge pages; --capacity a whole number of free ones) and the baseline's memory with one beside it, the same kind; with --server, only the baseline's (name the mount the node's arena is on) (default: memfds for disk; otherwise memfd arenas and baselines on the heap)")
 	f.Var(sizeV(&cfg.WorkingSetBytes), "working-set", "distinct block data gets cycle through (default 128MiB)")
 	f.Var(sizeV(&cfg.CapacityBytes), "capacity", "arena size of the in-process node (default 4GiB)")
 	f.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the baseline")

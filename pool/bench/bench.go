@@ -53,7 +53,12 @@ type Config struct {
 	// must then be a whole number of them, and free) and puts the memcpy
 	// baseline's region in a file beside it, shared memory of the arena's
 	// kind, since copying into huge pages runs faster here than into the
-	// heap's small pages. With Server set, only the baseline's region goes
+	// heap's small pages. With Path data and no Server, the same for the
+	// raw-TCP baseline's region, which plays the arena the node receives
+	// puts into and sends gets from: a 2 MiB receive into small pages
+	// stalls for 5-8 ms once in a hundred on a paravirtualized host, and
+	// one into huge pages does not (docs/benchmarks-history.md). With
+	// Server set and Path shm, only the baseline's region goes
 	// there: name the mount the node's arena is on. For RunRemote, both
 	// nodes' arenas go there (the path with "-fetcher" and "-holder"
 	// added) and so do the baselines' regions. Empty: memfd arenas and
@@ -320,7 +325,7 @@ func startNodeWith(id string, cfg Config, sec pool.SecurityConfig) (n *pool.Node
 		pc.ShmSocket = fmt.Sprintf("/tmp/kvpool-bench-%d.sock", rand.Uint32())
 	}
 	pc.MaxBlockBytes = min(max(int64(cfg.BlockBytes), 64<<20), cfg.CapacityBytes)
-	if cfg.Path == api.PathShm {
+	if cfg.Path == api.PathShm || cfg.Path == api.PathData {
 		pc.SegmentPath = cfg.SegmentPath
 	}
 	pc.SecurityConfig = sec
@@ -589,18 +594,14 @@ type tcpBaseline struct {
 	meter
 }
 
-// newTCPBaseline makes the baseline's regions on the heap or, for a fetch
-// with cfg.SegmentPath set (the nodes' arenas there), in shared memory
-// beside the arenas, of their kind.
+// newTCPBaseline makes the baseline's regions on the heap or, with
+// cfg.SegmentPath set (the nodes' arenas there), in shared memory beside
+// the arenas, of their kind.
 func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 	size := int(max(cfg.WorkingSetBytes, int64(cfg.BlockBytes)))
 	b := &tcpBaseline{cfg: cfg}
-	segmentPath := cfg.SegmentPath
-	if cfg.Op != "fetch" {
-		segmentPath = "" // a node's own arena is not beside it
-	}
 	region := func(name string) ([]byte, error) {
-		mem, free, err := baselineRegion(size, segmentPath, name)
+		mem, free, err := baselineRegion(size, cfg.SegmentPath, name)
 		if free != nil {
 			b.free = append(b.free, free)
 		}
@@ -624,7 +625,12 @@ func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 	return b, nil
 }
 
-func (b *tcpBaseline) name() string { return "raw-tcp" }
+func (b *tcpBaseline) name() string {
+	if b.cfg.SegmentPath != "" && b.cfg.Op != "fetch" {
+		return "raw-tcp (shared memory beside " + b.cfg.SegmentPath + ")"
+	}
+	return "raw-tcp" // RunRemote names where a fetch's regions are
+}
 
 // pair returns both ends of one loopback connection. Dial and accept run
 // under a lock so that concurrent clients never get each other's ends.

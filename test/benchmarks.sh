@@ -22,6 +22,17 @@ for op in get put; do for c in 1 4; do
   "$bin" node bench --op "$op" --clients "$c" --block-size 2MiB --duration 3s --rounds 5 --json --quiet | summary
 done; done
 
+echo "== data channel put vs raw TCP, the arena and the baseline's region on huge pages"
+# On a paravirtualized host a 2 MiB receive into small pages stalls 5-8 ms
+# about once in a hundred; the README's Put-over-TCP figures since
+# 2026-12-06 are of huge pages. Needs 1.2 GiB of them free on the mount
+# KVPOOL_HUGETLBFS names (echo 640 > /proc/sys/vm/nr_hugepages).
+if [ -n "${KVPOOL_HUGETLBFS:-}" ]; then
+  "$bin" node bench --op put --clients 1 --block-size 2MiB --capacity 1GiB --segment-path "$KVPOOL_HUGETLBFS/bench" --duration 3s --rounds 5 --json --quiet | summary
+else
+  echo "skipped: set KVPOOL_HUGETLBFS to a hugetlbfs mount"
+fi
+
 echo "== shared memory vs memcpy (in-process node, 2 MiB)"
 for c in 1 4; do
   "$bin" node bench --op get --path shm --clients "$c" --block-size 2MiB --duration 3s --rounds 3 --json --quiet | summary

@@ -322,6 +322,15 @@ func (c *Conn) flushMailbox() error {
 			return err
 		}
 	}
+	return c.awaitAnswer(mb, seq)
+}
+
+// awaitAnswer waits for the answer to post seq, polling (unless this
+// goroutine served the post itself) and then parked on the socket, and
+// has Recv read it next: copied out of mb, or, where the node wrote it to
+// the socket (too long for the mailbox), from there. A post the node
+// refused on the socket leaves Recv to read why.
+func (c *Conn) awaitAnswer(mb *Mailbox, seq uint64) error {
 	if answered := mb.Answered(seq) || c.local == nil && c.pollAnswer(mb, seq); !answered {
 		if err := c.parkForAnswer(mb, seq); err != nil {
 			return err
@@ -330,13 +339,6 @@ func (c *Conn) flushMailbox() error {
 			return nil // the node refused the post on the socket: Recv reads why
 		}
 	}
-	return c.takeAnswer(mb)
-}
-
-// takeAnswer has Recv read the mailbox's answer next: copied out of mb,
-// or, where the node wrote it to the socket (too long for the mailbox),
-// from there.
-func (c *Conn) takeAnswer(mb *Mailbox) error {
 	ans, onSocket, err := mb.Answer()
 	if err != nil {
 		c.failed = true
@@ -451,14 +453,8 @@ func (c *Conn) roundTripLocally(ctx context.Context) (*Response, error) {
 	c.local.ServePost()
 	if !mb.Answered(seq) {
 		defer c.Bind(ctx)()
-		if err := c.parkForAnswer(mb, seq); err != nil {
-			return nil, err
-		}
-		if !mb.Answered(seq) {
-			return c.Recv() // the node refused the post on the socket
-		}
 	}
-	if err := c.takeAnswer(mb); err != nil {
+	if err := c.awaitAnswer(mb, seq); err != nil {
 		return nil, err
 	}
 	return c.Recv()

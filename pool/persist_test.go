@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/internal/hugepages"
 )
 
 // persistentNode is a node over a data directory that a test stops and
@@ -445,13 +446,7 @@ func hugetlbfsDir(t *testing.T, bytes int64) string {
 			t.Logf("%s is not a hugetlbfs mount (%v)", mount, err)
 			continue
 		}
-		var free int64
-		meminfo, _ := os.ReadFile("/proc/meminfo")
-		for _, l := range strings.Split(string(meminfo), "\n") {
-			if n, ok := strings.CutPrefix(l, "HugePages_Free:"); ok {
-				fmt.Sscan(n, &free)
-			}
-		}
+		free, _ := hugepages.Free()
 		if free*huge < bytes {
 			t.Logf("hugetlbfs at %s: %d free pages of %d bytes, want %d bytes", mount, free, huge, bytes)
 			continue

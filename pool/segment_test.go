@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvpool/kvpool/api"
+	"github.com/kvpool/kvpool/internal/hugepages"
 )
 
 // A segment file left by a node that died (kill -9 leaves it, and its lock
@@ -68,17 +68,7 @@ func TestPrefaultAllocatesTheArena(t *testing.T) {
 // (KVPOOL_HUGETLBFS is set), their lack fails it instead.
 func needFreeHugePages(t *testing.T, bytes int64) int64 {
 	t.Helper()
-	var free, size int64
-	meminfo, _ := os.ReadFile("/proc/meminfo")
-	for _, l := range strings.Split(string(meminfo), "\n") {
-		if n, ok := strings.CutPrefix(l, "HugePages_Free:"); ok {
-			fmt.Sscan(n, &free)
-		}
-		if n, ok := strings.CutPrefix(l, "Hugepagesize:"); ok {
-			fmt.Sscan(n, &size)
-			size <<= 10 // kB
-		}
-	}
+	free, size := hugepages.Free()
 	if size == 0 || free*size < bytes {
 		skip := t.Skipf
 		if os.Getenv("KVPOOL_HUGETLBFS") != "" {

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
 	"github.com/kvpool/kvpool/internal/eventually"
+	"github.com/kvpool/kvpool/internal/hugepages"
 	"github.com/kvpool/kvpool/metadata"
 	"github.com/kvpool/kvpool/metadata/engines"
 	"github.com/kvpool/kvpool/metadata/kvevents"
@@ -296,7 +295,7 @@ func BenchmarkFetchPrediction(b *testing.B) {
 	// ones; median error 11.3, 9.6 and 10.9 % against 12.0, 10.3 and
 	// 14.7 %.
 	const capacity = 512 << 20
-	huge := freeHugePageBytes() >= 2*capacity
+	huge := hugepages.FreeBytes() >= 2*capacity
 	b.Logf("arenas on huge pages: %v", huge)
 	c := cluster.New(b, cluster.Config{Nodes: 2, CapacityBytes: capacity, Mutate: func(_ int, c *pool.Config) { c.Prefault, c.HugePages = true, huge }})
 	ctx := context.Background()
@@ -430,23 +429,4 @@ func BenchmarkFetchPrediction(b *testing.B) {
 	b.Logf("link node-0 → node-1: %.2f GB/s, rtt %v, fixed %v, per block %v, per doubling %v (%d fetches fitted)", e.BytesPerSecond/1e9, e.RTT, e.Fixed, e.PerBlock, e.PerDoubling, e.FitSamples)
 	b.ReportMetric(100*a[len(a)/2], "median-err-%")
 	b.ReportMetric(100*a[len(a)-1], "worst-err-%")
-}
-
-// freeHugePageBytes is how many bytes of huge pages the system has free
-// (HugePages_Free times Hugepagesize in /proc/meminfo), 0 where it says
-// nothing.
-func freeHugePageBytes() int64 {
-	meminfo, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	fields := map[string]int64{}
-	for line := range strings.Lines(string(meminfo)) {
-		if name, value, ok := strings.Cut(line, ":"); ok {
-			var n int64
-			fmt.Sscan(value, &n)
-			fields[name] = n
-		}
-	}
-	return fields["HugePages_Free"] * fields["Hugepagesize"] << 10 // kB
 }

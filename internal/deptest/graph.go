@@ -65,6 +65,7 @@ var Graph = map[string]Rules{
 	// cluster tests.
 	"internal/deptest":    {OnlyModules: []string{}},
 	"internal/eventually": {OnlyModules: []string{}},
+	"internal/hugepages":  {OnlyModules: []string{}},
 	"test":                {},
 	"test/cluster":        {},
 	"test/redisbench":     {},

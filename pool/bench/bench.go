@@ -44,7 +44,9 @@ type Config struct {
 	// over all rounds; per-round ratios are reported too. Default 1.
 	Rounds int
 	// WorkingSetBytes is how much distinct block data Gets cycle through,
-	// and the size of the region the baseline sends from. Default 128 MiB.
+	// and the size of the region the baseline sends from; puts' blocks, and
+	// the put baseline's frames, span as much (4 blocks per client at the
+	// least, see putRing). Default 128 MiB.
 	WorkingSetBytes int64
 	// CapacityBytes sizes the in-process node. Default 4 GiB.
 	CapacityBytes int64
@@ -216,7 +218,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var base baseline
 	if !cfg.NoBaseline {
 		var err error
-		if base, err = newBaseline(ctx, cfg, server); err != nil {
+		if base, err = newBaseline(ctx, cfg, server, clients); err != nil {
 			return nil, err
 		}
 		defer base.close()
@@ -409,16 +411,8 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 			// Put keeps the arena from filling the way eviction would: a
 			// helper removes each client's blocks in batches once they are
 			// more than keepBlocks puts old, off the put path, with one
-			// pipelined round trip per batch. The clients' blocks span the
-			// working set, so puts write across as much memory as the
-			// baseline's copies do. Keys reach the helper a batch at a
-			// time, one per 64 MiB put and at most keepBlocks: a wake-up
-			// costs the putting thread a futex call, about 20 µs on a
-			// paravirtualized host (measured: 3.6 % of a 2 MiB put phase
-			// at one wake per 8 puts), far more than the eviction it
-			// stands for.
-			keepBlocks := max(8, int(cfg.WorkingSetBytes/int64(cfg.BlockBytes))/len(clients))
-			batch := min(keepBlocks, max(8, int((64<<20)/int64(cfg.BlockBytes))))
+			// pipelined round trip per batch (see putRing).
+			keepBlocks, batch := putRing(cfg)
 			evict := make(chan [][]byte, 1)
 			evicted := make(chan struct{})
 			go func() {
@@ -503,6 +497,23 @@ func clientBuffers(cfg Config, n int, seed uint64) (bufs [][]byte, sources [][][
 	return bufs, sources
 }
 
+// putRing is how many of its blocks each client of a put keeps (keep) and
+// how many it hands its removal helper at a time (batch). A client's
+// blocks cycle through keep+batch frames, its share of the working set,
+// and through one more, the reservation it holds for its next put; the
+// put baseline copies into as many. The span must match: on a
+// paravirtualized host, copies into 2 MiB pages cycled among 64 ran at
+// 37 GB/s, among 128 at 30, among 512 at 22-25 (measured, one thread).
+// Keys reach the helper a batch at a time, one per 64 MiB put at the
+// least: a wake-up costs the putting thread a futex call, about 20 µs on
+// a paravirtualized host (measured: 3.6 % of a 2 MiB put phase at one wake
+// per 8 puts), far more than the eviction it stands for.
+func putRing(cfg Config) (keep, batch int) {
+	frames := max(4, int(cfg.WorkingSetBytes/int64(cfg.BlockBytes))/cfg.Clients)
+	batch = min(frames/2, max(8, int((64<<20)/int64(cfg.BlockBytes))))
+	return frames - batch, batch
+}
+
 // clientFrame is the k-th of the frames client i of clients owns among
 // frames: the clients take turns around them, and none owns one another
 // does (with fewer frames than clients, some share).
@@ -536,10 +547,10 @@ type baseline interface {
 	close()
 }
 
-func newBaseline(ctx context.Context, cfg Config, server string) (baseline, error) {
+func newBaseline(ctx context.Context, cfg Config, server string, clients []*api.Client) (baseline, error) {
 	switch {
 	case cfg.Path == api.PathShm:
-		return &memcpyBaseline{cfg: cfg}, nil
+		return &memcpyBaseline{cfg: cfg, clients: clients}, nil
 	case cfg.Server != "":
 		return &linkBaseline{cfg: cfg, server: server}, nil
 	default:
@@ -802,31 +813,37 @@ func baselineRegion(size int, segmentPath, name string) (mem []byte, free func()
 }
 
 // memcpyBaseline copies BlockBytes at a time with Clients goroutines,
-// between one buffer per goroutine and random frames of a region the size
-// of the working set (touched first, so no page faults): for a Get, from
-// the region into the buffer, what a same-host Get must do at the least;
-// for a Put, from the buffer into the region, what a same-host Put must
-// do at the least. The region is where the node's arena is, memory the
-// copy finds out of cache once the working set exceeds the last-level
-// cache, as an arena of many GiB is; the buffer is the engine's, hot.
+// between one buffer per goroutine (the engine's, hot) and frames of the
+// working set's size: for a Get, from random frames of a region into the
+// buffer, what a same-host Get must do at the least; the region is where
+// the node's arena is, memory the copy finds out of cache once the working
+// set exceeds the last-level cache, as an arena of many GiB is. For a Put,
+// from the buffer into random frames each client reserved in the node's
+// arena (the Reserve an engine DMAs through, aborted after), as many as
+// its puts cycle through (putRing): what a same-host Put must do at the
+// least, into the very memory its puts are handed. On a paravirtualized
+// host a copy's speed depends on which pages it writes and on how many it
+// cycles through, by up to half, so a region of the baseline's own, or a
+// different span, would measure the memory rather than the put.
 type memcpyBaseline struct {
 	cfg        Config
+	clients    []*api.Client // a Put's, to reserve frames through
 	region     []byte
 	freeRegion func()     // unmaps a region of shared memory; nil for the heap's
 	bufs       [][]byte   // each client's buffer
 	sources    [][][]byte // each client's batch of buffers (sourceBuffers)
+	rounds     int        // runs so far, to name each run's reservations apart
 	meter
 }
 
 func (b *memcpyBaseline) name() string {
-	where := ""
-	if b.cfg.SegmentPath != "" {
-		where = " (shared memory beside " + b.cfg.SegmentPath + ")"
-	}
 	if b.cfg.Op == "put" {
-		return "memcpy into the working set" + where
+		return "memcpy into frames reserved in the node's arena"
 	}
-	return "memcpy" + where
+	if b.cfg.SegmentPath != "" {
+		return "memcpy (shared memory beside " + b.cfg.SegmentPath + ")"
+	}
+	return "memcpy"
 }
 
 func (b *memcpyBaseline) close() {
@@ -837,6 +854,9 @@ func (b *memcpyBaseline) close() {
 }
 
 func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
+	if b.cfg.Op == "put" {
+		return b.runPut(ctx, d, p)
+	}
 	if b.region == nil {
 		var err error
 		size := int(max(b.cfg.WorkingSetBytes, int64(b.cfg.BlockBytes)))
@@ -847,27 +867,61 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 	}
 	size := b.cfg.BlockBytes
 	frames := len(b.region) / size
-	put := b.cfg.Op == "put"
 	if b.bufs == nil {
 		b.bufs, b.sources = clientBuffers(b.cfg, b.cfg.Clients, 0)
 	}
 	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
-		buf, sources := b.bufs[i], b.sources[i]
+		buf := b.bufs[i]
 		rng := rand.New(rand.NewPCG(uint64(i), 9))
-		// Each client copies to and from frames of its own, at random
-		// among them: no two write one frame at once, as no two puts
-		// write one block.
+		// Each client copies from frames of its own, at random among
+		// them, as the put baseline's clients copy into theirs.
 		mine := max(1, frames/b.cfg.Clients)
-		for n := 0; time.Now().Before(deadline); n++ {
+		for deadline.After(time.Now()) {
 			off := clientFrame(i, rng.IntN(mine), b.cfg.Clients, frames) * size
+			copy(buf, b.region[off:off+size])
+			total.Add(int64(size))
+		}
+		return nil
+	})
+}
+
+// runPut reserves the working set's frames in the node's arena, a share
+// per client through its own connection, copies into them for d, and
+// aborts them all.
+func (b *memcpyBaseline) runPut(ctx context.Context, d time.Duration, p *Progress) error {
+	size := b.cfg.BlockBytes
+	keep, batch := putRing(b.cfg)
+	mine := keep + batch + 1
+	if b.bufs == nil {
+		b.bufs, b.sources = clientBuffers(b.cfg, b.cfg.Clients, 0)
+	}
+	b.rounds++
+	frames := make([][]*api.Reservation, len(b.clients))
+	defer func() {
+		for _, rs := range frames {
+			for _, r := range rs {
+				r.Abort()
+			}
+		}
+	}()
+	for i, c := range b.clients {
+		for k := range mine {
+			key := api.BlockKey{Tenant: b.cfg.Tenant, Namespace: b.cfg.Namespace, Key: fmt.Appendf(nil, "baseline-%d-%d-%d", b.rounds, i, k)}
+			r, err := c.Reserve(ctx, key, size)
+			if err != nil {
+				return fmt.Errorf("reserving the baseline's frames in the arena: %w", err)
+			}
+			frames[i] = append(frames[i], r)
+		}
+	}
+	return b.timed(p, "baseline memcpy", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
+		buf, sources, mem := b.bufs[i], b.sources[i], frames[i]
+		rng := rand.New(rand.NewPCG(uint64(i), 9))
+		for n := 0; deadline.After(time.Now()); n++ {
 			if len(sources) > 0 {
 				buf = sources[n%len(sources)]
 			}
-			if put {
-				copy(b.region[off:off+size], buf)
-			} else {
-				copy(buf, b.region[off:off+size])
-			}
+			copy(mem[rng.IntN(len(mem))].Bytes(), buf)
 			total.Add(int64(size))
 		}
 		return nil

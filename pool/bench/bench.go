@@ -885,9 +885,9 @@ func (b *memcpyBaseline) run(ctx context.Context, d time.Duration, p *Progress) 
 	})
 }
 
-// runPut reserves the working set's frames in the node's arena, a share
-// per client through its own connection, copies into them for d, and
-// aborts them all.
+// runPut reserves, through each client's own connection, as many frames
+// of the node's arena as that client's puts cycle through (putRing, and
+// the spare), copies into them at random for d, and aborts them all.
 func (b *memcpyBaseline) runPut(ctx context.Context, d time.Duration, p *Progress) error {
 	size := b.cfg.BlockBytes
 	keep, batch := putRing(b.cfg)

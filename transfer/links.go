@@ -147,8 +147,14 @@ func (t fitTerms) predict(blocks float64, n float64) float64 {
 	return d
 }
 
-// fitWindow is how many recent fetches the fit weighs.
-const fitWindow = 32
+// fitWindow is how many recent fetches the fit weighs. More fetches steady
+// the terms: on a 2-vCPU host whose fetches scatter by 8-15 % around
+// their median, the prediction's median error exceeded that scatter by 0.6
+// to 3.4 points with 32 and by -0.5 to 2.3 with 96, nine runs of each
+// interleaved (FetchPrediction). Fewer follow a change sooner: after a
+// link slows by half, chains of 1 to 64 blocks in rotation are predicted
+// within 10 % after 24 fetches with 32, 60 with 96.
+const fitWindow = 96
 
 // fitScale puts the fit's terms on one scale: a fetch of 16 blocks of
 // 2 MiB.

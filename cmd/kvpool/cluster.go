@@ -239,7 +239,7 @@ real transfers (a moving average that decays back toward the configured seed
 while the link is idle), or the seed when nothing was measured yet, and what a
 fetch costs beyond them: FIXED per fetch (the call, pins, reserve, commit,
 publish), PER BLOCK and PER DOUBLING (what each doubling of a chain adds: the
-work its blocks share), fitted over the last 32 fetches (FITS of them). The
+work its blocks share), fitted over the last 96 fetches (FITS of them). The
 fetch-or-recompute cost model reads these: a fetch of n blocks of b bytes
 takes RTT + FIXED + n·PER BLOCK + log2(n)·PER DOUBLING + n·b / BANDWIDTH.`,
 		Args: noArgs,

@@ -52,15 +52,17 @@ type Config struct {
 	CapacityBytes int64
 	// SegmentPath, with Path shm, backs the in-process node's arena with a
 	// file at this path (on a hugetlbfs mount: huge pages; the capacity
-	// must then be a whole number of them, and free) and puts the memcpy
-	// baseline's region in a file beside it, shared memory of the arena's
-	// kind, since copying into huge pages runs faster here than into the
-	// heap's small pages. With Path data and no Server, the same for the
-	// raw-TCP baseline's region, which plays the arena the node receives
+	// must then be a whole number of them, and free) and puts a Get's
+	// memcpy baseline's region in a file beside it, shared memory of the
+	// arena's kind, since copying into huge pages runs faster here than
+	// into the heap's small pages (a Put's baseline copies into frames of
+	// the arena itself, see memcpyBaseline). With Path data and no
+	// Server, the same for the raw-TCP baseline's region, which plays the
+	// arena the node receives
 	// puts into and sends gets from: a 2 MiB receive into small pages
 	// stalls for 5-8 ms once in a hundred on a paravirtualized host, and
 	// one into huge pages does not (docs/benchmarks-history.md). With
-	// Server set and Path shm, only the baseline's region goes
+	// Server set and Path shm, only a Get baseline's region goes
 	// there: name the mount the node's arena is on. For RunRemote, both
 	// nodes' arenas go there (the path with "-fetcher" and "-holder"
 	// added) and so do the baselines' regions. Empty: memfd arenas and

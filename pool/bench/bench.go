@@ -58,8 +58,8 @@ type Config struct {
 	// into the heap's small pages (a Put's baseline copies into frames of
 	// the arena itself, see memcpyBaseline). With Path data and no
 	// Server, the same for the raw-TCP baseline's region, which plays the
-	// arena the node receives
-	// puts into and sends gets from: a 2 MiB receive into small pages
+	// arena the node receives puts into and sends gets from: a 2 MiB
+	// receive into small pages
 	// stalls for 5-8 ms once in a hundred on a paravirtualized host, and
 	// one into huge pages does not (docs/benchmarks-history.md). With
 	// Server set and Path shm, only a Get baseline's region goes

@@ -54,6 +54,16 @@ Holder = namedtuple("Holder", "node_id addr bytes_per_second rtt_micros")
 Holder.__doc__ = "A node holding a block, as the answering node sees it (best measured link first)."
 
 _NAME = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+# A batched put (put_many, the paged adapter's save) reserves at most this
+# many blocks, and this many bytes, at once: the arena space a window holds
+# before its commits, as the Go client's putWindowBlocks bounds it.
+_PUT_WINDOW_BLOCKS = 64
+_PUT_WINDOW_BYTES = 256 << 20
+
+
+def put_window_blocks(size):
+    """How many blocks of size bytes a batched put reserves at once."""
+    return max(1, min(_PUT_WINDOW_BLOCKS, _PUT_WINDOW_BYTES // max(size, 1)))
 _GRPC_CHUNK = 1 << 20
 _MAX_MSG = 80 << 20
 # x86-64 keeps loads in order, so the version word read after a copy cannot
@@ -225,6 +235,7 @@ class Reservation:
         self._client, self._key, self._mv, self._handle = client, key, mv, handle
         self.size = mv.nbytes
         self._done = False
+        self._crc = None  # set by a filler that checksummed what it wrote
 
     @property
     def data(self):
@@ -244,13 +255,21 @@ class Reservation:
     def commit(self, replicas=1):
         """Publishes the block with the checksum of its bytes, taken here.
         Returns a PutResult."""
-        if self._done:
-            raise errors.FailedPrecondition("kvpool: reservation already ended")
-        self._done = True
+        self._end()
         c = self._client
         if self._handle is None:
             return c._put_path(c._tenant, c._namespace, self._key, self._mv, replicas)
-        return c._bytes.commit(self._handle, replicas, crc32c(self._mv))
+        return c._bytes.commit(self._handle, replicas, self._checksum())
+
+    def _end(self):
+        if self._done:
+            raise errors.FailedPrecondition("kvpool: reservation already ended")
+        self._done = True
+
+    def _checksum(self):
+        """The CRC-32C of the bytes: the one put_many took while copying
+        them in, or taken now."""
+        return self._crc if self._crc is not None else crc32c(self._mv)
 
     def abort(self):
         """Gives the space back. A no-op after commit or abort."""
@@ -342,6 +361,33 @@ class _ShmPath:
             self._usable()
             try:
                 return self._conn.round_trip(request, *self._orphan_releases())
+            except errors.KVPoolError as e:
+                if not self._conn.usable:
+                    self._break(what, e)
+                raise
+            except OSError as e:
+                err = _io_error("shm " + what, e)
+                self._break(what, err)
+                raise err from e
+
+    def exchange(self, what, frames, count):
+        """Sends frames (count requests, concatenated) in one write and reads
+        their count responses: one wire.Response, or the exception the node
+        answered, per request. A session that breaks midway raises; the node
+        frees what the session held."""
+        with self._lock:
+            self._usable()
+            out = []
+            try:
+                self._conn.send(*self._orphan_releases(), frames)
+                for _ in range(count):
+                    try:
+                        out.append(self._conn.recv_response())
+                    except errors.KVPoolError as e:
+                        if not self._conn.usable:
+                            raise
+                        out.append(e)
+                return out
             except errors.KVPoolError as e:
                 if not self._conn.usable:
                     self._break(what, e)
@@ -502,6 +548,28 @@ class _ShmPath:
                                                           arg=max(replicas, 0)))
         return PutResult(r.existed, r.crc)
 
+    def reserve_many(self, client, tenant, ns, keys, size):
+        """Reservations of size bytes for keys, in one round trip: one
+        Reservation or exception per key."""
+        frames = b"".join(wire.encode_request(wire.OP_RESERVE, tenant, ns, k, value_len=size) for k in keys)
+        out = []
+        for k, r in zip(keys, self.exchange("reserve", frames, len(keys))):
+            if not isinstance(r, Exception):
+                try:
+                    r = Reservation(client, k, self.region(r.offset, size), r.handle)
+                except errors.KVPoolError as e:
+                    self.abort(r.handle)
+                    r = e
+            out.append(r)
+        return out
+
+    def commit_many(self, entries):
+        """Commits (handle, replicas, crc) entries in one round trip: one
+        PutResult or exception per entry."""
+        frames = b"".join(wire.encode_request(wire.OP_COMMIT, flags=wire.FLAG_WRITER_CHECKSUM, crc=crc, handle=h, arg=max(replicas, 0))
+                          for h, replicas, crc in entries)
+        return [r if isinstance(r, Exception) else PutResult(r.existed, r.crc) for r in self.exchange("commit", frames, len(entries))]
+
     def abort(self, handle):
         self.notify(wire.encode_request(wire.OP_ABORT, handle=handle))
 
@@ -642,6 +710,9 @@ class _ReattachingShm:
 
     def reserve(self, *args):
         return self._retry("reserve", *args)
+
+    def reserve_many(self, *args):
+        return self._retry("reserve_many", *args)
 
     def remove(self, *args):
         return self._path().remove(*args)
@@ -1052,6 +1123,51 @@ class Client:
             raise errors.InvalidArgument(f"kvpool: reservation of {size} bytes, want 1 to {self.info.max_block_bytes}")
         return self._bytes.reserve(self, self._tenant, self._namespace, _key(key), size)
 
+    def reserve_many(self, keys, size):
+        """Writable space for a new block of size bytes under each key: one
+        Reservation, or the exception the node answered (ResourceExhausted,
+        ...), per key. On the shm path all of them in one round trip; fill
+        them and end them with commit_many (or each with commit or abort)."""
+        if size <= 0 or size > self.info.max_block_bytes:
+            raise errors.InvalidArgument(f"kvpool: reservation of {size} bytes, want 1 to {self.info.max_block_bytes}")
+        keys = [_key(k) for k in keys]
+        if not keys:
+            return []
+        if hasattr(self._bytes, "reserve_many"):
+            return self._bytes.reserve_many(self, self._tenant, self._namespace, keys, size)
+        return [self._bytes.reserve(self, self._tenant, self._namespace, k, size) for k in keys]
+
+    def commit_many(self, reservations, replicas=1):
+        """Commits reservations of this client, as each one's commit would:
+        one PutResult or exception (AlreadyExists, ...) per reservation. On
+        the shm path every one in one round trip. A reservation that already
+        ended raises FailedPrecondition before anything is committed."""
+        reservations = list(reservations)
+        for r in reservations:
+            if r._done:
+                raise errors.FailedPrecondition("kvpool: reservation already ended")
+            if r._client is not self:
+                raise errors.InvalidArgument("kvpool: commit_many of another client's reservation")
+        shm = [r for r in reservations if r._handle is not None]
+        results = {}
+        if shm:
+            entries = []
+            for r in shm:
+                r._done = True
+                entries.append((r._handle, replicas, r._checksum()))
+            for r, res in zip(shm, self._bytes.commit_many(entries)):
+                results[id(r)] = res
+        out = []
+        for r in reservations:
+            if id(r) in results:
+                out.append(results[id(r)])
+                continue
+            try:
+                out.append(r.commit(replicas))
+            except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
+                out.append(e)
+        return out
+
     def remove(self, key, force=False):
         """Deletes the block under key (NotFound if absent,
         FailedPrecondition under a read lease unless force)."""
@@ -1068,14 +1184,50 @@ class Client:
         return sum(e is None for e in errs)
 
     def put_many(self, items, replicas=1):
-        """Stores (key, value) pairs; one PutResult or exception per item."""
+        """Stores (key, value) pairs; one PutResult or exception per item.
+        On the shm path a window of items of one size is reserved in one
+        round trip, copied in, and committed in one more, as an engine
+        saving a request's blocks wants."""
+        items = [(_key(k), _readable(v)) for k, v in items]
+        if not hasattr(self._bytes, "reserve_many"):
+            return [self._put_one(k, v, replicas) for k, v in items]
         out = []
-        for key, value in items:
-            try:
-                out.append(self.put(key, value, replicas))
-            except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
-                out.append(e)
+        i = 0
+        while i < len(items):
+            size = items[i][1].nbytes
+            j = i + 1
+            while j < len(items) and j - i < put_window_blocks(size) and items[j][1].nbytes == size:
+                j += 1
+            if j - i == 1 or size == 0 or size > self.info.max_block_bytes:
+                out += [self._put_one(k, v, replicas) for k, v in items[i:j]]
+            else:
+                out += self._put_window(items[i:j], size, replicas)
+            i = j
         return out
+
+    def _put_one(self, key, value, replicas):
+        try:
+            return self._put_path(self._tenant, self._namespace, key, value, replicas)
+        except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
+            return e
+
+    def _put_window(self, items, size, replicas):
+        """Puts items of size bytes each through reserve_many and
+        commit_many: two round trips for the window."""
+        ress = self._bytes.reserve_many(self, self._tenant, self._namespace, [k for k, _ in items], size)
+        filled = []
+        try:
+            for r, (_, value) in zip(ress, items):
+                if not isinstance(r, Exception):
+                    r._crc = _copy_checksummed(r._mv, value)
+                    filled.append(r)
+        except BaseException:
+            for r in ress:
+                if not isinstance(r, Exception):
+                    r.abort()
+            raise
+        committed = iter(self.commit_many(filled, replicas))
+        return [r if isinstance(r, Exception) else next(committed) for r in ress]
 
     def get_many(self, keys):
         """The blocks under keys: one bytearray or exception per key

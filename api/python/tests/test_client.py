@@ -90,6 +90,62 @@ def test_batches(clients, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_batched_puts_report_each_item(clients, path):
+    # Blocks of one size go through reserve_many and commit_many on the
+    # shm path: one item's refusal must not hide or spoil the others'.
+    c = clients[path]
+    size = 64 << 10
+    c.put(b"bp-held", b"\x01" * size)
+    items = [(f"bp{i}".encode(), os.urandom(size)) for i in range(6)]
+    items.insert(2, (b"bp-held", b"\x01" * size))  # equal bytes: existed
+    items.insert(4, (b"bp-held", b"\x02" * size))  # other bytes: refused
+    items.append((b"bp-small", b"\x03" * 100))  # another size, its own window
+    items.append((b"bp-empty", b""))
+    res = c.put_many(items)
+    assert res[2] == (True, crc32c(b"\x01" * size))
+    assert isinstance(res[4], errors.AlreadyExists)
+    assert isinstance(res[-1], errors.InvalidArgument)
+    for r, (k, v) in zip(res, items):
+        if k != b"bp-held" and v:
+            assert r == (False, crc32c(v)) and c.get(k) == v
+    assert c.get(b"bp-held") == b"\x01" * size
+    assert c.remove_many([k for k, v in items if v] + [b"bp-held"]) == 8
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_reserve_many_then_commit_many(clients, path):
+    c = clients[path]
+    ress = c.reserve_many([b"rm0", b"rm1", b"rm2"], 4096)
+    for i, r in enumerate(ress):
+        r.as_numpy()[:] = i
+    ress[1].abort()
+    with pytest.raises(errors.FailedPrecondition):
+        c.commit_many(ress)  # one ended: nothing committed
+    assert c.exists([b"rm0", b"rm2"]) == [False, False]
+    assert c.commit_many([ress[0], ress[2]]) == [(False, crc32c(b"\x00" * 4096)), (False, crc32c(b"\x02" * 4096))]
+    with pytest.raises(errors.FailedPrecondition):
+        ress[0].commit()
+    assert c.get(b"rm2") == b"\x02" * 4096
+    assert c.reserve_many([], 4096) == []
+    with pytest.raises(errors.InvalidArgument):
+        c.reserve_many([b"rm3"], 0)
+    assert c.remove_many([b"rm0", b"rm2"]) == 2
+
+
+def test_reserve_many_past_the_arena(clients):
+    # Reservations cannot be evicted: a batch larger than the 256 MiB arena
+    # gets space for its head and ResourceExhausted for the rest.
+    c = clients["shm"]
+    ress = c.reserve_many([f"big{i}".encode() for i in range(20)], 16 << 20)
+    got = [r for r in ress if not isinstance(r, Exception)]
+    refused = [r for r in ress if isinstance(r, Exception)]
+    assert 0 < len(got) <= 16 and len(got) + len(refused) == 20
+    assert all(isinstance(e, errors.ResourceExhausted) for e in refused)
+    for r in got:
+        r.abort()
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_bad_input(clients, path):
     c = clients[path]
     value = os.urandom(1 << 20)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from . import errors
+from .client import put_window_blocks
 
 HEADER_BYTES = 64
 _MAGIC = b"KVPC"
@@ -134,28 +135,53 @@ class PagedKVAdapter:
 
     def save(self, chain_keys, page_ids, replicas=1):
         """Writes the pages of each block of chain_keys into the pool, in
-        place. Blocks the node already holds are skipped. Returns how many
-        blocks it wrote."""
+        place. Blocks the node already holds are skipped. The rest are saved
+        as one batch (on the shm path: every reservation in one round trip,
+        every commit in one more, a window of blocks at a time). Returns how
+        many blocks it wrote. A block the node refuses (ResourceExhausted,
+        ...) ends the save there: the blocks before it are committed, the
+        rest not, and the refusal is raised."""
         keys = list(chain_keys)
         self._check_pages(len(keys), page_ids)
         present = self.client.exists(keys) if keys else []
+        todo = [i for i, have in enumerate(present) if not have]
+        window = put_window_blocks(self.layout.block_bytes)
         written = 0
-        for i, (key, have) in enumerate(zip(keys, present)):
-            if have:
-                continue
-            idx = self._pages(page_ids, i)
-            with self.client.reserve(key, self.layout.block_bytes) as res:
-                res.data[:HEADER_BYTES] = _HEADER.pack(_MAGIC, _HEADER_VERSION, 0, i, self._digest).ljust(HEADER_BYTES, b"\0")
-                dst = res.as_tensor(self.layers[0].dtype, None)
-                dst = dst[HEADER_BYTES // dst.element_size():].view(self._block_shape)
-                for layer, out in zip(self.layers, dst):
-                    torch.index_select(layer, 1, idx, out=out)
-                try:
-                    res.commit(replicas)
-                except errors.AlreadyExists:
-                    pass  # another writer committed the same prefix; its bytes are as good
-            written += 1
+        for off in range(0, len(todo), window):
+            part = todo[off:off + window]
+            ress = self.client.reserve_many([keys[i] for i in part], self.layout.block_bytes)
+            refused = next((r for r in ress if isinstance(r, Exception)), None)
+            if refused is not None:
+                cut = ress.index(refused)
+                for r in ress[cut + 1:]:
+                    if not isinstance(r, Exception):
+                        r.abort()
+                part, ress = part[:cut], ress[:cut]
+            try:
+                for i, res in zip(part, ress):
+                    self._fill(res, i, page_ids)
+            except BaseException:
+                for r in ress:
+                    r.abort()
+                raise
+            for r in self.client.commit_many(ress, replicas):
+                # AlreadyExists: another writer committed the same prefix;
+                # its bytes are as good.
+                if isinstance(r, Exception) and not isinstance(r, errors.AlreadyExists):
+                    raise r
+                written += 1
+            if refused is not None:
+                raise refused
         return written
+
+    def _fill(self, res, index, page_ids):
+        """Writes block index's header and pages into reservation res."""
+        idx = self._pages(page_ids, index)
+        res.data[:HEADER_BYTES] = _HEADER.pack(_MAGIC, _HEADER_VERSION, 0, index, self._digest).ljust(HEADER_BYTES, b"\0")
+        dst = res.as_tensor(self.layers[0].dtype, None)
+        dst = dst[HEADER_BYTES // dst.element_size():].view(self._block_shape)
+        for layer, out in zip(self.layers, dst):
+            torch.index_select(layer, 1, idx, out=out)
 
     def load(self, chain_keys, page_ids, start=0, verify=False):
         """Fills the pages of blocks start, start+1, ... of chain_keys that

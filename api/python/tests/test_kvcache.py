@@ -55,6 +55,35 @@ def test_save_then_load_into_other_pages(client):
     assert b.client.remove_many(chain) == 3
 
 
+def test_save_is_one_batch_that_stops_where_the_node_refuses(client):
+    # Blocks of 1 MiB: the arena (256 MiB) is filled with reservations,
+    # which cannot be evicted, until exactly one block's space is left.
+    src = cache(pages=16, page_tokens=64, kv_heads=8, head_dim=64, seed=3)
+    a = PagedKVAdapter(client, src, pages_per_block=2, model="m1")
+    size = a.layout.block_bytes
+    held = [r for r in client.reserve_many(keys(20, "fill16"), 16 << 20) if not isinstance(r, Exception)]
+    held.pop().abort()  # room for fewer than 32 blocks
+    fillers = client.reserve_many(keys(32, "fill"), size)
+    assert isinstance(fillers[-1], errors.ResourceExhausted), "the arena did not fill up"
+    held += [r for r in fillers if not isinstance(r, Exception)]
+    held.pop().abort()
+    try:
+        chain = keys(3, "cut")
+        with pytest.raises(errors.ResourceExhausted):
+            a.save(chain, list(range(6)))
+        assert a.client.exists(chain) == [True, False, False]  # the head is saved
+    finally:
+        for r in held:
+            r.abort()
+    # With room again, a save writes only what is missing.
+    assert a.save(chain, list(range(6))) == 2
+    dst = cache(pages=16, page_tokens=64, kv_heads=8, head_dim=64, seed=4)
+    b = PagedKVAdapter(client, dst, pages_per_block=2, model="m1")
+    assert b.load(chain, list(range(6))) == 3
+    assert all(torch.equal(d[:, :6], s[:, :6]) for s, d in zip(src, dst))
+    assert a.client.remove_many(chain) == 3
+
+
 def test_layouts_do_not_mix(client):
     a = PagedKVAdapter(client, cache(), pages_per_block=2, model="m1")
     chain = keys(2, "mix")

@@ -20,6 +20,10 @@ working set.
               size over the time to pin, hand out and release it
   get, put grpc   as data: grpcio beside the raw socket, for reference
 
+With --batch N a put is a put_many of N blocks, as an engine saves a
+request's blocks: on the shm path, one round trip reserves them all and
+one more commits them. Throughput counts blocks; p50/p99 are per call.
+
 Half of each baseline runs before the measured phase and half after, so a
 noisy machine's drift hits both. Without --server it starts a standalone
 daemon (kvpool.daemon.find_binary). Results go to stdout (--json for
@@ -58,7 +62,8 @@ def parse_size(s):
 class _Worker:
     """One client's state, in its own process: its Client, buffers and keys."""
 
-    def __init__(self, server, path, size, index, blocks, working_set, baseline, put_traffic):
+    def __init__(self, server, path, size, index, blocks, working_set, baseline, put_traffic, batch=1):
+        self.batch = batch
         self.client = Client(server, tenant="bench", namespace=f"py-{path}", path=path)
         self.size, self.index = size, index
         self.src = np.random.default_rng(index).integers(0, 256, size, dtype=np.uint8)
@@ -73,10 +78,11 @@ class _Worker:
             ws_frames = [memoryview(working_set[o:o + size]) for o in range(0, working_set.size - size + 1, size)]
             self.raw = _RawLink(size, [memoryview(self.src)] if put_traffic else ws_frames)
         # Put keeps the arena from filling the way eviction would: once
-        # this client has put 16 blocks more than it removed, it removes
-        # the oldest 8 in one pipelined round trip. That costs each put
-        # about 3 us and is counted in its time; a helper thread, as
-        # `kvpool node bench` uses, would fight the put for the GIL.
+        # this client has put 16 blocks (or two batches) more than it
+        # removed, it removes the oldest half in one pipelined round trip.
+        # That costs each put about 3 us and is counted in its time; a
+        # helper thread, as `kvpool node bench` uses, would fight the put
+        # for the GIL.
         self.live = []
 
     def op(self, name):
@@ -90,13 +96,21 @@ class _Worker:
             self.seq += 1
             c.view(key).release()
         elif name == "put":
-            self.seq += 1
-            key = f"p{self.index}-{self.seq}-{os.getpid()}".encode()
-            c.put(key, self.src)
-            self.live.append(key)
-            if len(self.live) >= 16:
-                c.remove_many(self.live[:8])
-                del self.live[:8]
+            keys = []
+            for _ in range(self.batch):
+                self.seq += 1
+                keys.append(f"p{self.index}-{self.seq}-{os.getpid()}".encode())
+            if self.batch == 1:
+                c.put(keys[0], self.src)
+            else:
+                for r in c.put_many([(k, self.src) for k in keys]):
+                    if isinstance(r, Exception):
+                        raise r
+            self.live += keys
+            if len(self.live) >= max(16, 2 * self.batch):
+                half = len(self.live) // 2
+                c.remove_many(self.live[:half])
+                del self.live[:half]
 
     def baseline(self, name):
         ws = self.working_set
@@ -174,11 +188,11 @@ def _loop(fn, seconds, start_at):
         n += 1
 
 
-def _client_process(conn, server, op, path, size, index, blocks, base):
+def _client_process(conn, server, op, path, size, index, blocks, base, batch):
     """One client of a row, in its own process (as each engine worker is:
     no GIL shared between clients). It answers the parent's phases."""
     working_set = np.random.default_rng(99).integers(0, 256, max(WORKING_SET, size), dtype=np.uint8)
-    w = _Worker(server, path, size, index, blocks, working_set, base, op == "put")
+    w = _Worker(server, path, size, index, blocks, working_set, base, op == "put", batch)
     try:
         if op in ("get", "view"):
             for k in blocks:  # warm: the shm location cache, the connections
@@ -197,7 +211,7 @@ def _client_process(conn, server, op, path, size, index, blocks, base):
         w.close()
 
 
-def bench_row(server, op, path, clients, size, seconds, rounds, log):
+def bench_row(server, op, path, clients, size, seconds, rounds, log, batch=1):
     blocks = [f"b{i}".encode() for i in range(max(WORKING_SET // size, 1))]  # gets cycle through the working set
     base = BASELINES[(op, path)]
     if op in ("get", "view"):
@@ -210,7 +224,7 @@ def bench_row(server, op, path, clients, size, seconds, rounds, log):
     try:
         for i in range(clients):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_client_process, args=(child, server, op, path, size, i, blocks, base), daemon=True)
+            p = ctx.Process(target=_client_process, args=(child, server, op, path, size, i, blocks, base, batch), daemon=True)
             p.start()
             pipes.append(parent)
             procs.append(p)
@@ -232,22 +246,23 @@ def bench_row(server, op, path, clients, size, seconds, rounds, log):
                 lats += r[1]
             return n, lats
 
+        per_call = batch if op == "put" else 1  # blocks per measured call
         ops = base_ops = 0
         lats = []
         for _ in range(rounds):
             base_ops += phase("baseline", seconds / 2)[0]
             n, l = phase("measure", seconds)
-            ops += n
+            ops += n * per_call
             lats += l
             base_ops += phase("baseline", seconds / 2)[0]
         gbps = ops * size / (seconds * rounds) / 1e9
         base_gbps = base_ops * size / (seconds * rounds) / 1e9
         lats.sort()
-        row = {"op": op, "path": path, "clients": clients, "block_bytes": size, "gbps": round(gbps, 3),
+        row = {"op": op, "path": path, "clients": clients, "block_bytes": size, "batch": per_call, "gbps": round(gbps, 3),
                "baseline": base, "baseline_gbps": round(base_gbps, 3), "ratio": round(gbps / base_gbps, 3) if base_gbps else None,
                "ops": ops, "p50_us": round(lats[len(lats) // 2] * 1e6, 1) if lats else None,
                "p99_us": round(lats[int(len(lats) * 0.99)] * 1e6, 1) if lats else None}
-        log(f"{op} {path} x{clients}: {gbps:.2f} GB/s, {base} {base_gbps:.2f} GB/s, ratio {row['ratio']}")
+        log(f"{op}{'' if per_call == 1 else f' of {per_call}'} {path} x{clients}: {gbps:.2f} GB/s, {base} {base_gbps:.2f} GB/s, ratio {row['ratio']}")
         return row
     finally:
         for c in pipes:
@@ -271,9 +286,14 @@ def main(argv=None):
     p.add_argument("--block-size", default="2MiB", help="value size (default 2MiB)")
     p.add_argument("--duration", type=float, default=2.0, help="seconds of each measured phase; the baseline takes as long again (default 2)")
     p.add_argument("--rounds", type=int, default=1, help="baseline-half, measure, baseline-half repeats (default 1)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="blocks per put: above 1 each call is a put_many of that many blocks, as an engine saves a request's blocks; "
+                        "p50/p99 are per call (default 1)")
     p.add_argument("--capacity", default="2GiB", help="arena of the daemon it starts (default 2GiB)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error(f"--batch {args.batch}: want 1 or more")
     size = parse_size(args.block_size)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     daemon = None
@@ -290,7 +310,7 @@ def main(argv=None):
                 if (op, path) not in BASELINES:
                     continue
                 for n in (int(x) for x in args.clients.split(",")):
-                    rows.append(bench_row(server, op, path, n, size, args.duration, args.rounds, log))
+                    rows.append(bench_row(server, op, path, n, size, args.duration, args.rounds, log, args.batch))
     finally:
         if daemon:
             daemon.stop()

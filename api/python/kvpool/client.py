@@ -291,7 +291,7 @@ class _ShmPath:
     unix-socket session that pins blocks and holds reservations. Round trips
     on the session are serialized by _lock; copies run outside it."""
 
-    def __init__(self, socket_path, node_id, timeout, verify, cache):
+    def __init__(self, socket_path, node_id, timeout, verify, cache, reserve_ahead=False):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
@@ -326,6 +326,11 @@ class _ShmPath:
         self._closed = False
         self._verify = verify or not _ORDERED_LOADS
         self._cache = {} if cache else None
+        # A put's commit asks the node for the next put's place (a spare,
+        # FLAG_RESERVE_NEXT) when it offers them: (tenant, namespace, size,
+        # handle, offset) or None. The node keeps it for the session.
+        self._reserve_ahead = reserve_ahead
+        self._spare = None
 
     def close(self):
         with self._lock:
@@ -574,14 +579,56 @@ class _ShmPath:
         self.notify(wire.encode_request(wire.OP_ABORT, handle=handle))
 
     def put(self, client, tenant, ns, key, value, replicas):
-        res = self.reserve(client, tenant, ns, key, value.nbytes)
+        """Reserves (or takes the spare a previous put's commit brought),
+        copies value in, and commits, asking for the next put's spare."""
+        size = value.nbytes
+        spare = self._take_spare(tenant, ns, size)
+        if spare is None:
+            res = self.reserve(client, tenant, ns, key, size)
+            handle, mv = res._handle, res._mv
+        else:
+            handle, mv = spare
         try:
-            crc = _copy_checksummed(res._mv, value)
+            crc = _copy_checksummed(mv, value)
         except BaseException:
-            res.abort()
+            self.abort(handle)
             raise
-        res._done = True
-        return self.commit(res._handle, replicas, crc)
+        flags = wire.FLAG_WRITER_CHECKSUM | (wire.FLAG_RESERVE_NEXT if self._reserve_ahead else 0)
+        # A spare is committed under this put's key (same tenant and
+        # namespace: _take_spare checked).
+        names = (tenant, ns, key) if spare is not None else ()
+        [r] = self.exchange("commit", wire.encode_request(wire.OP_COMMIT, *names, flags=flags, crc=crc, handle=handle, arg=max(replicas, 0)), 1)
+        if isinstance(r, Exception):
+            if spare is not None:
+                self.abort(handle)  # a refused commit of a spare leaves it open
+            raise r
+        if r.flags & wire.FLAG_RESERVED:
+            self._keep_spare((tenant, ns, size, r.handle, r.offset))
+        return PutResult(r.existed, r.crc)
+
+    def _take_spare(self, tenant, ns, size):
+        """The spare's (handle, bytes) when it fits a put of size bytes into
+        tenant/ns, else None; a spare that does not fit is aborted (the
+        commit of this put brings one that does)."""
+        with self._lock:
+            sp, self._spare = self._spare, None
+            if sp is None or self._broken is not None or self._closed:
+                return None
+        if sp[:3] != (tenant, ns, size):
+            self.abort(sp[3])
+            return None
+        try:
+            return sp[3], self.region(sp[4], size)
+        except errors.KVPoolError:
+            self.abort(sp[3])
+            return None
+
+    def _keep_spare(self, sp):
+        with self._lock:
+            if self._spare is None and self._broken is None and not self._closed:
+                self._spare = sp
+                return
+        self.abort(sp[3])  # another put's commit brought one first
 
     def remove(self, tenant, ns, keys, force):
         with self._lock:
@@ -1028,7 +1075,7 @@ class Client:
                         raise errors.Unavailable(f"kvpool: node {self.info.node_id} offers no shared memory")
                     if self.info.host_id != host_id():
                         raise errors.Unavailable(f"kvpool: node {self.info.node_id} is on another host")
-                    args = (self.info.shm_socket, self.info.node_id, timeout, verify_shared_reads, location_cache)
+                    args = (self.info.shm_socket, self.info.node_id, timeout, verify_shared_reads, location_cache, self.info.reserve_ahead)
                     self._bytes = _ReattachingShm(_ShmPath(*args), args)
                     want = "shm"
                 except errors.Unavailable:

@@ -132,6 +132,30 @@ def test_reserve_many_then_commit_many(clients, path):
     assert c.remove_many([b"rm0", b"rm2"]) == 2
 
 
+def test_shm_put_takes_the_spare_its_last_commit_brought(node):
+    # Each put's commit reserves the next put's place (one round trip a
+    # put instead of two); the spare is the session's, ended with it.
+    with kvpool.Client(node.addr, tenant="py", namespace="spare", path="shm") as c:
+        reservations = lambda: c.stats().reservations
+        a, b, small = os.urandom(64 << 10), os.urandom(64 << 10), os.urandom(1000)
+        assert c.put(b"sp-a", a) == (False, crc32c(a))
+        assert reservations() == 1  # the spare
+        assert c.put(b"sp-b", b) == (False, crc32c(b))  # into the spare
+        assert c.put(b"sp-b", b).existed
+        assert reservations() == 1
+        assert c.put(b"sp-small", small) == (False, crc32c(small))  # another size: a spare of its own
+        wait_until(lambda: reservations() == 1, 5.0, "the 64 KiB spare's abort")
+        assert (c.get(b"sp-a"), c.get(b"sp-b"), c.get(b"sp-small")) == (a, b, small)
+        with pytest.raises(errors.AlreadyExists):
+            c.put(b"sp-a", os.urandom(1000))  # a refused commit of the spare aborts it
+        wait_until(lambda: reservations() == 0, 5.0, "the refused spare's abort")
+        assert c.get(b"sp-a") == a
+        c.put(b"sp-c", small)
+        assert c.remove_many([b"sp-a", b"sp-b", b"sp-small", b"sp-c"]) == 4
+    with kvpool.Client(node.addr, tenant="py", path="grpc") as g:
+        assert_idle(g)  # the closed session's spare is gone
+
+
 def test_reserve_many_past_the_arena(clients):
     # Reservations cannot be evicted: a batch larger than the 256 MiB arena
     # gets space for its head and ResourceExhausted for the rest.

@@ -61,6 +61,20 @@ _PUT_WINDOW_BLOCKS = 64
 _PUT_WINDOW_BYTES = 256 << 20
 
 
+def _put_item(key, value):
+    """A put_many item checked as put checks it: (key, readable value), or
+    the InvalidArgument that put would raise."""
+    try:
+        return _key(key), _readable(value)
+    except errors.InvalidArgument as e:
+        return e
+
+
+def _item_size(item):
+    """A put_many item's size; -1 for a refused one (never batched)."""
+    return -1 if isinstance(item, Exception) else item[1].nbytes
+
+
 def put_window_blocks(size):
     """How many blocks of size bytes a batched put reserves at once."""
     return max(1, min(_PUT_WINDOW_BLOCKS, _PUT_WINDOW_BYTES // max(size, 1)))
@@ -1235,26 +1249,28 @@ class Client:
         On the shm path a window of items of one size is reserved in one
         round trip, copied in, and committed in one more, as an engine
         saving a request's blocks wants."""
-        items = [(_key(k), _readable(v)) for k, v in items]
+        items = [_put_item(k, v) for k, v in items]
         if not hasattr(self._bytes, "reserve_many"):
-            return [self._put_one(k, v, replicas) for k, v in items]
+            return [self._put_one(it, replicas) for it in items]
         out = []
         i = 0
         while i < len(items):
-            size = items[i][1].nbytes
+            size = _item_size(items[i])
             j = i + 1
-            while j < len(items) and j - i < put_window_blocks(size) and items[j][1].nbytes == size:
+            while j < len(items) and j - i < put_window_blocks(size) and _item_size(items[j]) == size:
                 j += 1
-            if j - i == 1 or size == 0 or size > self.info.max_block_bytes:
-                out += [self._put_one(k, v, replicas) for k, v in items[i:j]]
+            if j - i == 1 or size <= 0 or size > self.info.max_block_bytes:
+                out += [self._put_one(it, replicas) for it in items[i:j]]
             else:
                 out += self._put_window(items[i:j], size, replicas)
             i = j
         return out
 
-    def _put_one(self, key, value, replicas):
+    def _put_one(self, item, replicas):
+        if isinstance(item, Exception):
+            return item
         try:
-            return self._put_path(self._tenant, self._namespace, key, value, replicas)
+            return self._put_path(self._tenant, self._namespace, item[0], item[1], replicas)
         except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
             return e
 

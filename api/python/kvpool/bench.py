@@ -21,8 +21,10 @@ working set.
   get, put grpc   as data: grpcio beside the raw socket, for reference
 
 With --batch N a put is a put_many of N blocks, as an engine saves a
-request's blocks: on the shm path, one round trip reserves them all and
-one more commits them. Throughput counts blocks; p50/p99 are per call.
+request's blocks (on the shm path, one round trip reserves them all and
+one more commits them), and a view a view_many of N, as the paged
+adapter's load pins a request's blocks (one round trip). Throughput
+counts blocks; p50/p99 are per call.
 
 Half of each baseline runs before the measured phase and half after, so a
 noisy machine's drift hits both. Without --server it starts a standalone
@@ -92,9 +94,17 @@ class _Worker:
             self.seq += 1
             c.get_into(key, self.dst)
         elif name == "view":
-            key = self.keys[self.seq % len(self.keys)]
-            self.seq += 1
-            c.view(key).release()
+            if self.batch == 1:
+                key = self.keys[self.seq % len(self.keys)]
+                self.seq += 1
+                c.view(key).release()
+                return
+            keys = [self.keys[(self.seq + i) % len(self.keys)] for i in range(self.batch)]
+            self.seq += self.batch
+            for v in c.view_many(keys):
+                if isinstance(v, Exception):
+                    raise v
+                v.release()
         elif name == "put":
             keys = []
             for _ in range(self.batch):
@@ -246,7 +256,7 @@ def bench_row(server, op, path, clients, size, seconds, rounds, log, batch=1):
                 lats += r[1]
             return n, lats
 
-        per_call = batch if op == "put" else 1  # blocks per measured call
+        per_call = batch if op in ("put", "view") else 1  # blocks per measured call
         ops = base_ops = 0
         lats = []
         for _ in range(rounds):
@@ -287,8 +297,8 @@ def main(argv=None):
     p.add_argument("--duration", type=float, default=2.0, help="seconds of each measured phase; the baseline takes as long again (default 2)")
     p.add_argument("--rounds", type=int, default=1, help="baseline-half, measure, baseline-half repeats (default 1)")
     p.add_argument("--batch", type=int, default=1,
-                   help="blocks per put: above 1 each call is a put_many of that many blocks, as an engine saves a request's blocks; "
-                        "p50/p99 are per call (default 1)")
+                   help="blocks per put or view: above 1 each call is a put_many or view_many of that many blocks, as an engine "
+                        "saves or loads a request's blocks; p50/p99 are per call (default 1)")
     p.add_argument("--capacity", default="2GiB", help="arena of the daemon it starts (default 2GiB)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)

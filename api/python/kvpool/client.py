@@ -442,12 +442,17 @@ class _ShmPath:
         """Pins a block and hands out its bytes in place, unchecked."""
         flags, ms = _lease_arg(lease)
         r = self.round_trip("view", wire.encode_request(wire.OP_VIEW, tenant, ns, key, flags=flags, arg=ms))
+        return self._pinned(r), r
+
+    def _pinned(self, r):
+        """The View of a pin the node granted (r), or the pin released and
+        the error raised."""
         try:
             mv = self.region(r.offset, r.value_len).toreadonly()
         except errors.KVPoolError:
             self.release(r.handle)
             raise
-        return View(self, r.handle, mv, r.crc, r.offset), r
+        return View(self, r.handle, mv, r.crc, r.offset)
 
     def view(self, tenant, ns, key, lease):
         """pin, with the bytes checked against the node's checksum the
@@ -456,15 +461,35 @@ class _ShmPath:
         DIMM). A version read before (the location cache holds its handle)
         is not read again."""
         v, r = self.pin(tenant, ns, key, lease)
+        return self._checked(tenant, ns, key, v, r), r
+
+    def view_many(self, tenant, ns, keys, lease):
+        """view for each key, every pin in one round trip: one View or
+        exception (NotFound, DataLoss, ...) per key."""
+        flags, ms = _lease_arg(lease)
+        frames = b"".join(wire.encode_request(wire.OP_VIEW, tenant, ns, k, flags=flags, arg=ms) for k in keys)
+        out = []
+        for k, r in zip(keys, self.exchange("view", frames, len(keys))):
+            if not isinstance(r, Exception):
+                try:
+                    r = self._checked(tenant, ns, k, self._pinned(r), r)
+                except errors.KVPoolError as e:
+                    r = e
+            out.append(r)
+        return out
+
+    def _checked(self, tenant, ns, key, v, r):
+        """v, once its bytes match the node's checksum (see view); else v
+        released and DataLoss raised."""
         cache, ck = self._cache, (tenant, ns, key)
         if cache is not None and (cache.get(ck) or (0, 0, 0, None))[3] == r.handle:
-            return v, r
+            return v
         if crc32c(v._mv) != r.crc:
             v.release()
             raise errors.DataLoss(f"kvpool: shared block {key.hex()} has a CRC other than the node's {r.crc:08x}")
         if cache is not None:
             self._remember(ck, r)
-        return v, r
+        return v
 
     def _remember(self, ck, r):
         cache = self._cache
@@ -774,6 +799,9 @@ class _ReattachingShm:
 
     def reserve_many(self, *args):
         return self._retry("reserve_many", *args)
+
+    def view_many(self, *args):
+        return self._retry("view_many", *args)
 
     def remove(self, *args):
         return self._path().remove(*args)
@@ -1177,6 +1205,24 @@ class Client:
         """The block under key in place (shm) or as a copy (other paths), as
         a View to use in a with block."""
         return self._bytes.view(self._tenant, self._namespace, _key(key), lease)[0]
+
+    def view_many(self, keys, lease=None):
+        """view for each key: one View, or the exception a view would raise
+        (NotFound, DataLoss, ...), per key. On the shm path every pin in
+        one round trip. The caller releases each View (or ends it in a with
+        block), the ones it does not use too: a pin holds the block."""
+        keys = [_key(k) for k in keys]
+        if not keys:
+            return []
+        if hasattr(self._bytes, "view_many"):
+            return self._bytes.view_many(self._tenant, self._namespace, keys, lease)
+        out = []
+        for k in keys:
+            try:
+                out.append(self._bytes.view(self._tenant, self._namespace, k, lease)[0])
+            except (errors.NotFound, errors.DataLoss) as e:
+                out.append(e)
+        return out
 
     def reserve(self, key, size):
         """Writable space for a new block of size bytes; see Reservation."""

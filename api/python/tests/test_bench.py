@@ -11,13 +11,13 @@ from kvpool.client import Client
 from conftest import assert_idle
 
 
-@pytest.mark.parametrize("op,batch", [("put", 4), ("put", 1), ("get", 1)])
+@pytest.mark.parametrize("op,batch", [("put", 4), ("put", 1), ("view", 4), ("get", 1)])
 def test_bench_rows(node, capsys, op, batch):
     bench.main(["--server", node.addr, "--op", op, "--path", "shm", "--clients", "1", "--block-size", "256KiB",
                 "--duration", "0.2", "--batch", str(batch), "--json"])
     [row] = json.loads(capsys.readouterr().out)
     assert (row["op"], row["path"], row["clients"], row["block_bytes"]) == (op, "shm", 1, 256 << 10)
-    assert row["batch"] == (batch if op == "put" else 1)
+    assert row["batch"] == (1 if op == "get" else batch)
     assert row["ops"] > 0 and row["gbps"] > 0 and row["baseline_gbps"] > 0 and row["baseline"] == "copyto"
     assert row["ratio"] == pytest.approx(row["gbps"] / row["baseline_gbps"], abs=0.01)
     with Client(node.addr, path="grpc") as c:

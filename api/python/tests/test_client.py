@@ -158,6 +158,27 @@ def test_shm_put_takes_the_spare_its_last_commit_brought(node):
         assert_idle(g)  # the closed session's spare is gone
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_view_many(clients, path):
+    c = clients[path]
+    values = [os.urandom(4096 + i) for i in range(3)]
+    c.put_many(zip([b"vm0", b"vm1", b"vm2"], values))
+    views = c.view_many([b"vm0", b"missing", b"vm2", b"vm1", b"vm0"])
+    assert isinstance(views[1], errors.NotFound)
+    got = [v for v in views if not isinstance(v, Exception)]
+    assert [bytes(v.data) for v in got] == [values[0], values[2], values[1], values[0]]
+    assert [v.crc for v in got] == [crc32c(values[i]) for i in (0, 2, 1, 0)]
+    if path == "shm":
+        assert c.stats().pins == 4  # in place: each view holds its block
+    for v in got:
+        v.release()
+    assert c.view_many([]) == []
+    with pytest.raises(errors.InvalidArgument):
+        c.view_many([b""])
+    wait_until(lambda: c.stats().pins == 0, 5.0, "the views' releases")
+    assert c.remove_many([b"vm0", b"vm1", b"vm2"]) == 3
+
+
 def test_reserve_many_past_the_arena(clients):
     # Reservations cannot be evicted: a batch larger than the 256 MiB arena
     # gets space for its head and ResourceExhausted for the rest.

@@ -47,6 +47,7 @@ type dataStore interface {
 	blockWriter
 	blockReader
 	ReleaseHandle(h uint64) error
+	Exists(tenant, ns []byte, keys [][]byte) ([]bool, error)
 	RemoveForce(tenant, ns, key []byte, force bool) error
 	Rekey(r *store.Reservation, key []byte) error
 	ReserveSpare(tenant, ns, key []byte, size int64) (*store.Reservation, error)
@@ -410,7 +411,7 @@ func (d *dataConn) authorize() error {
 	}
 	r := &d.req
 	switch r.Op {
-	case wire.OpGet, wire.OpView:
+	case wire.OpGet, wire.OpView, wire.OpExists:
 		return d.s.gate.check(d.sess.caller, auth.OpRead, string(r.Tenant))
 	case wire.OpPut, wire.OpReserve, wire.OpRemove:
 		return d.s.gate.check(d.sess.caller, auth.OpWrite, string(r.Tenant))
@@ -463,6 +464,14 @@ func (d *dataConn) handle() error {
 		err := st.RemoveForce(r.Tenant, r.Namespace, r.Key, r.Flags&wire.FlagForce != 0)
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		return d.respond(err, &wire.Response{})
+	case wire.OpExists:
+		in, err := st.Exists(r.Tenant, r.Namespace, [][]byte{r.Key})
+		d.s.metrics.dataOp(r.Op, api.Code(err))
+		resp := &wire.Response{}
+		if err == nil && in[0] {
+			resp.Flags = wire.FlagExisted
+		}
+		return d.respond(err, resp)
 	case wire.OpSource:
 		return d.source()
 	case wire.OpSink:
@@ -659,7 +668,7 @@ func (d *dataConn) pipelined() bool {
 		return false
 	}
 	switch next.Op {
-	case wire.OpView, wire.OpRelease, wire.OpGet, wire.OpRemove, wire.OpReserve, wire.OpAbort:
+	case wire.OpView, wire.OpRelease, wire.OpGet, wire.OpRemove, wire.OpReserve, wire.OpAbort, wire.OpExists:
 		return true
 	case wire.OpCommit:
 		return next.Replicas <= 1

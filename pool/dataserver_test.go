@@ -110,3 +110,38 @@ func TestPipelinedRequestsShareOneWrite(t *testing.T) {
 		t.Fatalf("%d pins held after every release", pins)
 	}
 }
+
+// Exists frames answer which blocks the node holds, pipelined on a
+// session (one write for a request's keys): FlagExisted for a held block,
+// none for a missing one, and a bad key refused alone.
+func TestExistsFrames(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n, api.PathData)
+	held := api.BlockKey{Tenant: "t", Namespace: "n", Key: []byte("held")}
+	if err := c.Put(context.Background(), held, value(7, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Info().GetExistsFrames() {
+		t.Fatal("the node's Info does not offer Exists frames")
+	}
+	raw := shmRaw(t, n)
+	var frames []byte
+	for _, key := range []string{"held", "missing", "", "held"} {
+		frames = wire.AppendRequest(frames, &wire.Request{Op: wire.OpExists, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte(key)})
+	}
+	if _, err := raw.Write(frames); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		status  codes.Code
+		existed bool
+	}{{codes.OK, true}, {codes.OK, false}, {codes.InvalidArgument, false}, {codes.OK, true}} {
+		var resp wire.Response
+		if err := wire.ReadResponse(raw, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if codes.Code(resp.Status) != want.status || resp.Flags&wire.FlagExisted != 0 != want.existed {
+			t.Errorf("answer %d: status %v, flags %#x; want %v, existed %v", i, codes.Code(resp.Status), resp.Flags, want.status, want.existed)
+		}
+	}
+}

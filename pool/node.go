@@ -358,6 +358,7 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 		ReserveAhead:  true,
 		FetchFrames:   true,
 		ShmMailbox:    true,
+		ExistsFrames:  true,
 	}
 }
 

@@ -168,7 +168,7 @@ func (m *Mailbox) SetNodeParked(parked bool) { m.u32(mbNodeParked).Store(b2u(par
 // no value from the socket and write none to it.
 func MailboxOp(op Op) bool {
 	switch op {
-	case OpView, OpRelease, OpReserve, OpCommit, OpAbort, OpRemove:
+	case OpView, OpRelease, OpReserve, OpCommit, OpAbort, OpRemove, OpExists:
 		return true
 	}
 	return false

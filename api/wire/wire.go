@@ -153,13 +153,18 @@ const (
 	// OpWake does nothing: a client sends it after posting to the mailbox
 	// of a node that had parked on the socket. It has no response.
 	OpWake
+	// OpExists asks whether the node holds a block, in memory or on its
+	// disk tier: the response's FlagExisted says it does. One frame per
+	// key, pipelined: a client that holds a session asks for a request's
+	// blocks in one round trip, with no gRPC call.
+	OpExists
 	opCount
 )
 
 // NumOps bounds Op values: every valid op is below it.
 const NumOps = int(opCount)
 
-var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort", "fetch", "mailbox", "wake"}
+var opNames = [...]string{"invalid", "get", "put", "remove", "source", "sink", "view", "release", "reserve", "commit", "abort", "fetch", "mailbox", "wake", "exists"}
 
 func (o Op) String() string {
 	if o < opCount {
@@ -213,7 +218,8 @@ var flagsAllowed = [opCount]uint8{
 
 // Response flags.
 const (
-	// FlagExisted: a Put or Commit found an identical block already stored.
+	// FlagExisted: a Put or Commit found an identical block already
+	// stored; an Exists found the block.
 	FlagExisted = 1 << 0
 	// FlagClose: the node closes the connection after this response (the
 	// request left the stream out of step); the client must not reuse it.

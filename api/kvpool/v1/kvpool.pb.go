@@ -1793,7 +1793,12 @@ type InfoResponse struct {
 	// Whether a same-host session may hand the node a mailbox (the data
 	// channel's OpMailbox): requests and answers then pass through memory
 	// both share, with no system call while the node polls.
-	ShmMailbox    bool `protobuf:"varint,12,opt,name=shm_mailbox,json=shmMailbox,proto3" json:"shm_mailbox,omitempty"`
+	ShmMailbox bool `protobuf:"varint,12,opt,name=shm_mailbox,json=shmMailbox,proto3" json:"shm_mailbox,omitempty"`
+	// Whether the data channel and same-host sessions answer Exists frames
+	// (the data channel's OpExists): a client that holds a session then
+	// asks which of a request's blocks the node holds in one round trip on
+	// it, with no gRPC call.
+	ExistsFrames  bool `protobuf:"varint,13,opt,name=exists_frames,json=existsFrames,proto3" json:"exists_frames,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1908,6 +1913,13 @@ func (x *InfoResponse) GetFetchFrames() bool {
 func (x *InfoResponse) GetShmMailbox() bool {
 	if x != nil {
 		return x.ShmMailbox
+	}
+	return false
+}
+
+func (x *InfoResponse) GetExistsFrames() bool {
+	if x != nil {
+		return x.ExistsFrames
 	}
 	return false
 }
@@ -3417,7 +3429,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
 	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
 	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
-	"\vInfoRequest\"\x97\x03\n" +
+	"\vInfoRequest\"\xbc\x03\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -3434,7 +3446,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\bR\freserveAhead\x12!\n" +
 	"\ffetch_frames\x18\v \x01(\bR\vfetchFrames\x12\x1f\n" +
 	"\vshm_mailbox\x18\f \x01(\bR\n" +
-	"shmMailbox\"\xbd\x01\n" +
+	"shmMailbox\x12#\n" +
+	"\rexists_frames\x18\r \x01(\bR\fexistsFrames\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +

@@ -103,7 +103,7 @@ func TestPythonWireConstants(t *testing.T) {
 	out, err := pythonCmd(t, "-c", `import json; from kvpool import wire as w
 print(json.dumps({"preamble": list(w.PREAMBLE), "version": w.VERSION, "trailer": w.TRAILER_MAGIC,
   "req": w.REQUEST_HEADER_BYTES, "resp": w.RESPONSE_HEADER_BYTES, "name": w.MAX_NAME_BYTES, "key": w.MAX_KEY_BYTES, "msg": w.MAX_MESSAGE_BYTES,
-  "ops": [w.OP_GET, w.OP_PUT, w.OP_REMOVE, w.OP_SOURCE, w.OP_SINK, w.OP_VIEW, w.OP_RELEASE, w.OP_RESERVE, w.OP_COMMIT, w.OP_ABORT],
+  "ops": [w.OP_GET, w.OP_PUT, w.OP_REMOVE, w.OP_SOURCE, w.OP_SINK, w.OP_VIEW, w.OP_RELEASE, w.OP_RESERVE, w.OP_COMMIT, w.OP_ABORT, w.OP_EXISTS],
   "flags": [w.FLAG_CHECKSUM, w.FLAG_LEASE, w.FLAG_FORCE, w.FLAG_WRITER_CHECKSUM, w.FLAG_RESERVE_NEXT, w.FLAG_EXISTED, w.FLAG_CLOSE, w.FLAG_RESERVED],
   "version_segment": w.version_segment_bytes(1000)}))`).Output()
 	if err != nil {
@@ -112,7 +112,7 @@ print(json.dumps({"preamble": list(w.PREAMBLE), "version": w.VERSION, "trailer":
 	want := map[string]any{
 		"preamble": ints(wire.Preamble[:]), "version": wire.Version, "trailer": wire.TrailerMagic,
 		"req": wire.RequestHeaderBytes, "resp": wire.ResponseHeaderBytes, "name": wire.MaxNameBytes, "key": wire.MaxKeyBytes, "msg": wire.MaxMessageBytes,
-		"ops":             ints([]wire.Op{wire.OpGet, wire.OpPut, wire.OpRemove, wire.OpSource, wire.OpSink, wire.OpView, wire.OpRelease, wire.OpReserve, wire.OpCommit, wire.OpAbort}),
+		"ops":             ints([]wire.Op{wire.OpGet, wire.OpPut, wire.OpRemove, wire.OpSource, wire.OpSink, wire.OpView, wire.OpRelease, wire.OpReserve, wire.OpCommit, wire.OpAbort, wire.OpExists}),
 		"flags":           []int{wire.FlagChecksum, wire.FlagLease, wire.FlagForce, wire.FlagWriterChecksum, wire.FlagReserveNext, wire.FlagExisted, wire.FlagClose, wire.FlagReserved},
 		"version_segment": wire.VersionSegmentBytes(1000),
 	}

@@ -389,24 +389,17 @@ class _ShmPath:
                 self._break(what, err)
                 raise err from e
 
-    def exchange(self, what, frames, count):
-        """Sends frames (count requests, concatenated) in one write and reads
-        their count responses: one wire.Response, or the exception the node
-        answered, per request. A session that breaks midway raises; the node
-        frees what the session held."""
+    def exchange(self, what, requests):
+        """Sends requests (encoded frames) and reads their responses: one
+        wire.Response, or the exception the node answered, per request.
+        They go _PIPELINE_FRAMES to a write, each window's answers read
+        before the next is sent, so neither side's socket buffer fills
+        while the other waits on it. A session that breaks midway raises;
+        the node frees what the session held."""
         with self._lock:
             self._usable()
-            out = []
             try:
-                self._conn.send(*self._orphan_releases(), frames)
-                for _ in range(count):
-                    try:
-                        out.append(self._conn.recv_response())
-                    except errors.KVPoolError as e:
-                        if not self._conn.usable:
-                            raise
-                        out.append(e)
-                return out
+                return _pipeline(self._conn, requests, self._orphan_releases())
             except errors.KVPoolError as e:
                 if not self._conn.usable:
                     self._break(what, e)
@@ -467,9 +460,9 @@ class _ShmPath:
         """view for each key, every pin in one round trip: one View or
         exception (NotFound, DataLoss, ...) per key."""
         flags, ms = _lease_arg(lease)
-        frames = b"".join(wire.encode_request(wire.OP_VIEW, tenant, ns, k, flags=flags, arg=ms) for k in keys)
+        frames = [wire.encode_request(wire.OP_VIEW, tenant, ns, k, flags=flags, arg=ms) for k in keys]
         out = []
-        for k, r in zip(keys, self.exchange("view", frames, len(keys))):
+        for k, r in zip(keys, self.exchange("view", frames)):
             if not isinstance(r, Exception):
                 try:
                     r = self._checked(tenant, ns, k, self._pinned(r), r)
@@ -592,12 +585,17 @@ class _ShmPath:
                                                           arg=max(replicas, 0)))
         return PutResult(r.existed, r.crc)
 
+    def exists(self, tenant, ns, keys):
+        """For each key, whether the node holds it: Exists frames, one
+        round trip a window of them."""
+        return _exists_answers(self.exchange("exists", [wire.encode_request(wire.OP_EXISTS, tenant, ns, k) for k in keys]))
+
     def reserve_many(self, client, tenant, ns, keys, size):
         """Reservations of size bytes for keys, in one round trip: one
         Reservation or exception per key."""
-        frames = b"".join(wire.encode_request(wire.OP_RESERVE, tenant, ns, k, value_len=size) for k in keys)
+        frames = [wire.encode_request(wire.OP_RESERVE, tenant, ns, k, value_len=size) for k in keys]
         out = []
-        for k, r in zip(keys, self.exchange("reserve", frames, len(keys))):
+        for k, r in zip(keys, self.exchange("reserve", frames)):
             if not isinstance(r, Exception):
                 try:
                     r = Reservation(client, k, self.region(r.offset, size), r.handle)
@@ -610,9 +608,9 @@ class _ShmPath:
     def commit_many(self, entries):
         """Commits (handle, replicas, crc) entries in one round trip: one
         PutResult or exception per entry."""
-        frames = b"".join(wire.encode_request(wire.OP_COMMIT, flags=wire.FLAG_WRITER_CHECKSUM, crc=crc, handle=h, arg=max(replicas, 0))
-                          for h, replicas, crc in entries)
-        return [r if isinstance(r, Exception) else PutResult(r.existed, r.crc) for r in self.exchange("commit", frames, len(entries))]
+        frames = [wire.encode_request(wire.OP_COMMIT, flags=wire.FLAG_WRITER_CHECKSUM, crc=crc, handle=h, arg=max(replicas, 0))
+                  for h, replicas, crc in entries]
+        return [r if isinstance(r, Exception) else PutResult(r.existed, r.crc) for r in self.exchange("commit", frames)]
 
     def abort(self, handle):
         self.notify(wire.encode_request(wire.OP_ABORT, handle=handle))
@@ -636,7 +634,7 @@ class _ShmPath:
         # A spare is committed under this put's key (same tenant and
         # namespace: _take_spare checked).
         names = (tenant, ns, key) if spare is not None else ()
-        [r] = self.exchange("commit", wire.encode_request(wire.OP_COMMIT, *names, flags=flags, crc=crc, handle=handle, arg=max(replicas, 0)), 1)
+        [r] = self.exchange("commit", [wire.encode_request(wire.OP_COMMIT, *names, flags=flags, crc=crc, handle=handle, arg=max(replicas, 0))])
         if isinstance(r, Exception):
             if spare is not None:
                 self.abort(handle)  # a refused commit of a spare leaves it open
@@ -716,6 +714,41 @@ def _copy_checksummed(dst, src):
     crc = _checksum_async(src)
     _copy(dst, src)
     return crc()
+
+
+# _pipeline sends at most this many requests before it reads their answers.
+_PIPELINE_FRAMES = 256
+
+
+def _pipeline(conn, requests, prefix=()):
+    """Sends requests (encoded frames, with prefix frames that have no
+    answer in front) on conn, _PIPELINE_FRAMES to a write, and reads each
+    window's answers before the next: one wire.Response, or the exception
+    the node answered, per request. An error that leaves the connection
+    unusable raises."""
+    out = []
+    prefix = list(prefix)
+    for off in range(0, len(requests), _PIPELINE_FRAMES):
+        part = requests[off:off + _PIPELINE_FRAMES]
+        conn.send(*prefix, b"".join(part))
+        prefix = []
+        for _ in part:
+            try:
+                out.append(conn.recv_response())
+            except errors.KVPoolError as e:
+                if not conn.usable:
+                    raise
+                out.append(e)
+    return out
+
+
+def _exists_answers(responses):
+    """Exists frames' answers as booleans; a refusal (a key the node
+    rejects) raises, as the gRPC Exists does for the whole call."""
+    for r in responses:
+        if isinstance(r, Exception):
+            raise r
+    return [bool(r.flags & wire.FLAG_EXISTED) for r in responses]
 
 
 def _remove_over(conn, tenant, ns, keys, force):
@@ -802,6 +835,9 @@ class _ReattachingShm:
 
     def view_many(self, *args):
         return self._retry("view_many", *args)
+
+    def exists(self, *args):
+        return self._retry("exists", *args)
 
     def remove(self, *args):
         return self._path().remove(*args)
@@ -944,6 +980,12 @@ class _DataPath(_CopyingPath):
 
     def remove(self, tenant, ns, keys, force):
         return self.with_conn("remove", lambda c: _remove_over(c, tenant, ns, keys, force))
+
+    def exists(self, tenant, ns, keys):
+        """For each key, whether the node holds it: Exists frames on one
+        connection, one round trip a window of them."""
+        frames = [wire.encode_request(wire.OP_EXISTS, tenant, ns, k) for k in keys]
+        return _exists_answers(self.with_conn("exists", lambda c: _pipeline(c, frames)))
 
 
 class _GrpcPath(_CopyingPath):
@@ -1359,7 +1401,12 @@ class Client:
         return [_key(k) for k in keys]
 
     def exists(self, keys):
-        """For each key, whether the node holds it."""
+        """For each key, whether the node holds it (in memory or on its
+        disk tier). On the shm and data paths, with a node that answers
+        Exists frames, one round trip on the session for up to 256 keys;
+        else a gRPC call."""
+        if keys and self.info.exists_frames and isinstance(self._bytes, (_ReattachingShm, _DataPath)):
+            return self._bytes.exists(self._tenant, self._namespace, self._keys(keys))
         r = _rpc(self._stub.Exists, pb.ExistsRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys)), self.timeout)
         return list(r.exists)
 

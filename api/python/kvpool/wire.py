@@ -48,6 +48,7 @@ MAX_MESSAGE_BYTES = 4096
 
 OP_GET, OP_PUT, OP_REMOVE, OP_SOURCE, OP_SINK = 1, 2, 3, 4, 5
 OP_VIEW, OP_RELEASE, OP_RESERVE, OP_COMMIT, OP_ABORT = 6, 7, 8, 9, 10
+OP_EXISTS = 14  # FLAG_EXISTED in the answer: the node holds the block
 
 FLAG_CHECKSUM = 1 << 0  # request: the CRC field (a Put's trailer) must be verified
 FLAG_LEASE = 1 << 1  # Get, View: take a read lease of arg ms (0: the node's default)

@@ -179,6 +179,20 @@ def test_view_many(clients, path):
     assert c.remove_many([b"vm0", b"vm1", b"vm2"]) == 3
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_exists_of_many_keys(clients, path):
+    # More keys than one window of frames (256): answered in order.
+    c = clients[path]
+    c.put(b"ex-held", b"v")
+    keys = [b"ex%d" % i for i in range(600)]
+    keys[300] = b"ex-held"
+    assert c.exists(keys) == [k == b"ex-held" for k in keys]
+    with pytest.raises(errors.InvalidArgument):
+        c.exists([b"ok", b""])
+    assert c.exists([b"ex-held"]) == [True]  # the session is still in step
+    c.remove(b"ex-held")
+
+
 def test_reserve_many_past_the_arena(clients):
     # Reservations cannot be evicted: a batch larger than the 256 MiB arena
     # gets space for its head and ResourceExhausted for the rest.

@@ -19,6 +19,10 @@ working set.
   view shm    as get; a view moves no bytes, so its figure is the block
               size over the time to pin, hand out and release it
   get, put grpc   as data: grpcio beside the raw socket, for reference
+  save shm    torch.index_select of one block's pages of every layer of a
+              paged KV cache into a frame of the working set (the paged
+              adapter's save copies with the same calls)
+  load shm    index_copy_ of one block's pages out of a frame (load's)
 
 With --batch N a put is a put_many of N blocks, as an engine saves a
 request's blocks (on the shm path, one round trip reserves them all and
@@ -43,14 +47,17 @@ import threading
 import time
 
 import numpy as np
+import torch
 
 from .client import Client
 from .daemon import Daemon
+from .kvcache import PagedKVAdapter
 
 WORKING_SET = 128 << 20
 
 BASELINES = {("get", "data"): "recv_into", ("put", "data"): "send", ("get", "grpc"): "recv_into", ("put", "grpc"): "send",
-             ("get", "shm"): "copyto", ("put", "shm"): "copyto", ("view", "shm"): "copyto"}
+             ("get", "shm"): "copyto", ("put", "shm"): "copyto", ("view", "shm"): "copyto",
+             ("save", "shm"): "index_select", ("load", "shm"): "index_copy_"}
 
 
 def parse_size(s):
@@ -182,6 +189,74 @@ class _RawLink:
         self._sender.join()
 
 
+class _PagedWorker:
+    """A save or load client: an engine's paged KV cache, 4 layers of
+    [2, pages, 16 tokens, 8 KV heads, 128] fp16 (64 KiB a page a layer),
+    and a PagedKVAdapter whose blocks hold size bytes of pages; a request
+    is batch blocks. The baseline moves one block's pages with the same
+    torch calls between the cache and frames of the working set."""
+
+    PAGE_BYTES = 4 * (64 << 10)  # one page of every layer
+
+    def __init__(self, server, size, index, batch, working_set):
+        ppb = size // self.PAGE_BYTES
+        pages = ppb * batch
+        g = torch.Generator().manual_seed(index)
+        self.layers = [torch.randn(2, pages, 16, 8, 128, generator=g).to(torch.float16) for _ in range(4)]
+        self.client = Client(server, tenant="bench", namespace="py-paged", path="shm")
+        self.kv = PagedKVAdapter(self.client, self.layers, ppb, model="bench")
+        self.size, self.index, self.batch, self.seq = size, index, batch, 0
+        self.pages = list(range(pages))
+        self.chains = []  # saved and not yet removed
+        ws = torch.from_numpy(working_set[: working_set.size // size * size]).view(torch.float16)
+        self.frames = ws.view(-1, 4, 2, ppb, 16, 8, 128)  # one block's pages of every layer each
+        self.idx = [torch.arange(b * ppb, (b + 1) * ppb) for b in range(batch)]
+        self.base_seq = index * 7
+
+    def prepare(self, op):
+        if op == "load":  # requests enough to cycle through the working set's worth
+            for _ in range(max(2, WORKING_SET // (self.batch * self.size))):
+                self.chains.append(self._save())
+
+    def _save(self):
+        self.seq += 1
+        chain = [f"s{self.index}-{self.seq}-{i}-{os.getpid()}".encode() for i in range(self.batch)]
+        if self.kv.save(chain, self.pages) != self.batch:
+            raise RuntimeError("bench: a save wrote fewer blocks than its request's")
+        return chain
+
+    def op(self, name):
+        if name == "save":
+            # As puts do: once two requests' worth more than removed, the
+            # oldest half goes.
+            self.chains.append(self._save())
+            if len(self.chains) >= 2 and len(self.chains) * self.batch >= 16:
+                half = len(self.chains) // 2
+                self.kv.client.remove_many([k for ch in self.chains[:half] for k in ch])
+                del self.chains[:half]
+        else:
+            chain = self.chains[self.seq % len(self.chains)]
+            self.seq += 1
+            if self.kv.load(chain, self.pages) != self.batch:
+                raise RuntimeError("bench: a load found fewer blocks than were saved")
+
+    def baseline(self, name):
+        frame = self.frames[self.base_seq % len(self.frames)]
+        idx = self.idx[self.base_seq % self.batch]
+        self.base_seq += 1
+        if name == "index_select":
+            for layer, out in zip(self.layers, frame):
+                torch.index_select(layer, 1, idx, out=out)
+        else:
+            for layer, block in zip(self.layers, frame):
+                layer.index_copy_(1, idx, block)
+
+    def close(self):
+        if self.chains:
+            self.kv.client.remove_many([k for ch in self.chains for k in ch])
+        self.client.close()
+
+
 def _loop(fn, seconds, start_at):
     """Runs fn in a loop from start_at (time.time()) for seconds; returns
     (operations, latencies in seconds)."""
@@ -202,9 +277,14 @@ def _client_process(conn, server, op, path, size, index, blocks, base, batch):
     """One client of a row, in its own process (as each engine worker is:
     no GIL shared between clients). It answers the parent's phases."""
     working_set = np.random.default_rng(99).integers(0, 256, max(WORKING_SET, size), dtype=np.uint8)
-    w = _Worker(server, path, size, index, blocks, working_set, base, op == "put", batch)
+    if op in ("save", "load"):
+        w = _PagedWorker(server, size, index, batch, working_set)
+    else:
+        w = _Worker(server, path, size, index, blocks, working_set, base, op == "put", batch)
     try:
-        if op in ("get", "view"):
+        if op in ("save", "load"):
+            w.prepare(op)
+        elif op in ("get", "view"):
             for k in blocks:  # warm: the shm location cache, the connections
                 w.client.get_into(k, w.dst)
         conn.send("ready")
@@ -256,7 +336,7 @@ def bench_row(server, op, path, clients, size, seconds, rounds, log, batch=1):
                 lats += r[1]
             return n, lats
 
-        per_call = batch if op in ("put", "view") else 1  # blocks per measured call
+        per_call = 1 if op == "get" else batch  # blocks per measured call
         ops = base_ops = 0
         lats = []
         for _ in range(rounds):
@@ -290,21 +370,26 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m kvpool.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--server", help="node to measure, host:port (default: start a standalone daemon)")
-    p.add_argument("--op", default="all", choices=["get", "put", "view", "all"], help="operation (default all)")
+    p.add_argument("--op", default="all", choices=["get", "put", "view", "save", "load", "all"], help="operation (default all)")
     p.add_argument("--path", default="all", choices=["shm", "data", "grpc", "all"], help="path (default all)")
     p.add_argument("--clients", default="1,4", help="comma-separated client counts (default 1,4)")
     p.add_argument("--block-size", default="2MiB", help="value size (default 2MiB)")
     p.add_argument("--duration", type=float, default=2.0, help="seconds of each measured phase; the baseline takes as long again (default 2)")
     p.add_argument("--rounds", type=int, default=1, help="baseline-half, measure, baseline-half repeats (default 1)")
     p.add_argument("--batch", type=int, default=1,
-                   help="blocks per put or view: above 1 each call is a put_many or view_many of that many blocks, as an engine "
-                        "saves or loads a request's blocks; p50/p99 are per call (default 1)")
+                   help="blocks per put, view, save or load: above 1 each put or view call is a put_many or view_many of that many "
+                        "blocks, as an engine saves or loads a request's blocks; a save or load is of a request of that many "
+                        "blocks; p50/p99 are per call (default 1)")
     p.add_argument("--capacity", default="2GiB", help="arena of the daemon it starts (default 2GiB)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch {args.batch}: want 1 or more")
     size = parse_size(args.block_size)
+    if args.op in ("save", "load", "all") and (size <= 0 or size % _PagedWorker.PAGE_BYTES):
+        if args.op != "all":
+            p.error(f"--block-size {args.block_size}: a save or load block holds whole pages of {_PagedWorker.PAGE_BYTES >> 10} KiB")
+        args.op = "basic"
     log = lambda m: print(m, file=sys.stderr, flush=True)
     daemon = None
     server = args.server
@@ -314,7 +399,7 @@ def main(argv=None):
     rows = []
     try:
         paths = ["shm", "data", "grpc"] if args.path == "all" else [args.path]
-        ops = ["get", "put", "view"] if args.op == "all" else [args.op]
+        ops = {"all": ["get", "put", "view", "save", "load"], "basic": ["get", "put", "view"]}.get(args.op, [args.op])
         for path in paths:
             for op in ops:
                 if (op, path) not in BASELINES:

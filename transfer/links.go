@@ -393,10 +393,13 @@ func (l *Links) Observe(peer string, n int64, d time.Duration, now time.Time) {
 // way subtracting an averaged round trip would. The stream is credited
 // with at least half the total time, so a response that sat in a socket
 // buffer cannot make a link look faster than twice its plain rate. A zero
-// first falls back to Observe.
+// first, or a first response by which all n bytes had arrived, falls back
+// to Observe.
 func (l *Links) ObserveRead(peer string, n int64, start, first time.Time, firstBytes int64, end time.Time) {
 	total := end.Sub(start)
-	if first.IsZero() || first.Before(start) || first.After(end) || firstBytes > n {
+	if first.IsZero() || first.Before(start) || first.After(end) || firstBytes >= n {
+		// (All of it there at the first response, or more, counting what
+		// the peer's other connections held: no stream to time.)
 		l.Observe(peer, n, total, end)
 		return
 	}

@@ -54,6 +54,13 @@ func TestLinksExactNumbers(t *testing.T) {
 	if e := l.Estimate("d", t0); !near(e.BytesPerSecond, 1e9) || e.Samples != 1 {
 		t.Fatalf("no first response: %+v", e)
 	}
+	// Every byte there by the first response (a reader that woke late):
+	// no stream to time, so it is Observe too, not a sample of 0 B/s.
+	// 3e6 bytes in 2.5ms - 1ms = 2e9 B/s; 0.5·1e9 + 0.5·2e9.
+	l.ObserveRead("e", 3e6, t0.Add(-2500*time.Microsecond), t0.Add(-time.Millisecond), 3e6, t0)
+	if e := l.Estimate("e", t0); !near(e.BytesPerSecond, 1.5e9) || e.Samples != 1 {
+		t.Fatalf("all of it at the first response: %+v, want 1.5e9", e)
+	}
 	// Idle for less than DecayAfter: unchanged.
 	if e := l.Estimate("a", t0.Add(5*time.Second)); !near(e.BytesPerSecond, 1.125e9) || !e.Updated.Equal(t0) {
 		t.Fatalf("within DecayAfter: %+v", e)
@@ -75,7 +82,7 @@ func TestLinksExactNumbers(t *testing.T) {
 	if got := e.FetchTime(5e6, 4); got != 6900*time.Microsecond {
 		t.Fatalf("fetch time with fixed and per-block costs %v, want 6.9ms", got)
 	}
-	if all := l.All(t0); len(all) != 5 || all[0].Peer != "a" || all[4].Peer != "slow" {
+	if all := l.All(t0); len(all) != 6 || all[0].Peer != "a" || all[5].Peer != "slow" {
 		t.Fatalf("all: %+v", all)
 	}
 }

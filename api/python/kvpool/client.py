@@ -732,13 +732,22 @@ def _pipeline(conn, requests, prefix=()):
         part = requests[off:off + _PIPELINE_FRAMES]
         conn.send(*prefix, b"".join(part))
         prefix = []
-        for _ in part:
-            try:
-                out.append(conn.recv_response())
-            except errors.KVPoolError as e:
-                if not conn.usable:
-                    raise
-                out.append(e)
+        out += _answers(conn, len(part))
+    return out
+
+
+def _answers(conn, n):
+    """Reads n answers on conn: one wire.Response, or the exception the
+    node answered, each. An error that leaves the connection unusable
+    raises."""
+    out = []
+    for _ in range(n):
+        try:
+            out.append(conn.recv_response())
+        except errors.KVPoolError as e:
+            if not conn.usable:
+                raise
+            out.append(e)
     return out
 
 
@@ -930,6 +939,24 @@ class _DataPath(_CopyingPath):
             c.send(wire.trailer(crc))
             r = c.recv_response()
             return PutResult(r.existed, r.crc)
+
+        return self.with_conn("put", op)
+
+    def put_many(self, tenant, ns, items, replicas):
+        """Puts (key, value) items pipelined on one connection, every
+        frame sent before the first answer is read: one PutResult or
+        exception per item. The node reads a refused put's value too, so
+        the stream stays in step."""
+        crcs = [None] * len(items)
+
+        def op(c):
+            for i, (key, value) in enumerate(items):
+                c.send(wire.encode_request(wire.OP_PUT, tenant, ns, key, flags=wire.FLAG_CHECKSUM, arg=max(replicas, 0),
+                                           value_len=value.nbytes), value)
+                if crcs[i] is None:
+                    crcs[i] = crc32c(value)  # while the node drains the socket
+                c.send(wire.trailer(crcs[i]))
+            return [r if isinstance(r, Exception) else PutResult(r.existed, r.crc) for r in _answers(c, len(items))]
 
         return self.with_conn("put", op)
 
@@ -1338,6 +1365,8 @@ class Client:
         round trip, copied in, and committed in one more, as an engine
         saving a request's blocks wants."""
         items = [_put_item(k, v) for k, v in items]
+        if isinstance(self._bytes, _DataPath):
+            return self._put_pipelined(items, replicas)
         if not hasattr(self._bytes, "reserve_many"):
             return [self._put_one(it, replicas) for it in items]
         out = []
@@ -1352,6 +1381,24 @@ class Client:
             else:
                 out += self._put_window(items[i:j], size, replicas)
             i = j
+        return out
+
+    def _put_pipelined(self, items, replicas):
+        """put_many on the data path: the items the node may take go out
+        pipelined, a window at a time; each refused item keeps its
+        refusal."""
+        out = list(items)
+        ok = []
+        for i, it in enumerate(items):
+            if not isinstance(it, Exception):
+                if 0 < it[1].nbytes <= self.info.max_block_bytes:
+                    ok.append(i)
+                else:
+                    out[i] = self._put_one(it, replicas)  # its InvalidArgument
+        for off in range(0, len(ok), _PUT_WINDOW_BLOCKS):
+            part = ok[off:off + _PUT_WINDOW_BLOCKS]
+            for i, r in zip(part, self._bytes.put_many(self._tenant, self._namespace, [items[i] for i in part], replicas)):
+                out[i] = r
         return out
 
     def _put_one(self, item, replicas):

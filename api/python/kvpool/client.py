@@ -376,18 +376,11 @@ class _ShmPath:
         return out
 
     def round_trip(self, what, request):
-        with self._lock:
-            self._usable()
-            try:
-                return self._conn.round_trip(request, *self._orphan_releases())
-            except errors.KVPoolError as e:
-                if not self._conn.usable:
-                    self._break(what, e)
-                raise
-            except OSError as e:
-                err = _io_error("shm " + what, e)
-                self._break(what, err)
-                raise err from e
+        """exchange of one request; the node's refusal is raised."""
+        [r] = self.exchange(what, [request])
+        if isinstance(r, Exception):
+            raise r
+        return r
 
     def exchange(self, what, requests):
         """Sends requests (encoded frames) and reads their responses: one

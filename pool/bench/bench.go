@@ -410,36 +410,28 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 		wg.Go(func() {
 			buf, sources := bufs[i], sources[i]
 			rng := rand.New(rand.NewPCG(uint64(i), 3))
-			// Put keeps the arena from filling the way eviction would: a
-			// helper removes each client's blocks in batches once they are
-			// more than keepBlocks puts old, off the put path, with one
-			// pipelined round trip per batch (see putRing).
+			// Put keeps the arena from filling the way eviction would: once
+			// a client holds keep+batch blocks it removes its oldest batch
+			// with one pipelined round trip, in its own loop and on its
+			// clock, so its blocks (and the spare) span exactly the frames
+			// the baseline copies into (see putRing). A helper goroutine
+			// removing behind it let up to two batches more stay live
+			// (88 frames where the baseline cycles among 65, measured),
+			// and a wider span copies slower on this kind of host.
 			keepBlocks, batch := putRing(cfg)
-			evict := make(chan [][]byte, 1)
-			evicted := make(chan struct{})
-			go func() {
-				defer close(evicted)
-				var ring [][]byte
-				for ks := range evict {
-					ring = append(ring, ks...)
-					for len(ring) >= keepBlocks+batch {
-						c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring[:batch])
-						ring = append(ring[:0], ring[batch:]...)
-					}
-				}
-				c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, ring)
-			}()
-			var put [][]byte // stored, not yet handed to the helper
+			var live [][]byte // this client's stored blocks, oldest first
 			defer func() {
-				evict <- put
-				close(evict)
-				<-evicted
-			}()
-			stored := func(k []byte) {
-				if put = append(put, k); len(put) >= batch {
-					evict <- put
-					put = nil
+				if len(live) > 0 {
+					c.RemoveMany(context.WithoutCancel(ctx), cfg.Tenant, cfg.Namespace, live)
 				}
+			}()
+			stored := func(k []byte) error {
+				if live = append(live, k); len(live) < keepBlocks+batch {
+					return nil
+				}
+				_, err := c.RemoveMany(ctx, cfg.Tenant, cfg.Namespace, live[:batch])
+				live = append(live[:0], live[batch:]...)
+				return err
 			}
 			for seq := 0; time.Now().Before(deadline); seq++ {
 				var err error
@@ -458,13 +450,15 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 						err = errors.Join(errs...)
 					}
 					for _, k := range keys {
-						stored(k)
+						if err == nil {
+							err = stored(k)
+						}
 					}
 				case cfg.Op == "put":
 					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
 					if err = c.Put(ctx, k, buf); err == nil {
-						stored(k.Key)
+						err = stored(k.Key)
 					}
 				}
 				if err != nil {
@@ -500,16 +494,14 @@ func clientBuffers(cfg Config, n int, seed uint64) (bufs [][]byte, sources [][][
 }
 
 // putRing is how many of its blocks each client of a put keeps (keep) and
-// how many it hands its removal helper at a time (batch). A client's
-// blocks cycle through keep+batch frames, its share of the working set,
-// and through one more, the reservation it holds for its next put; the
-// put baseline copies into as many. The span must match: on a
-// paravirtualized host, copies into 2 MiB pages cycled among 64 ran at
-// 37 GB/s, among 128 at 30, among 512 at 22-25 (measured, one thread).
-// Keys reach the helper a batch at a time, one per 64 MiB put at the
-// least: a wake-up costs the putting thread a futex call, about 20 µs on
-// a paravirtualized host (measured: 3.6 % of a 2 MiB put phase at one wake
-// per 8 puts), far more than the eviction it stands for.
+// how many it removes at a time (batch). A client's blocks cycle through
+// keep+batch frames, its share of the working set, and through one more,
+// the reservation it holds for its next put; the put baseline copies into
+// as many. The span must match: on a paravirtualized host, copies into
+// 2 MiB pages cycled among 64 ran at 37 GB/s, among 128 at 30, among 512
+// at 22-25 (measured, one thread). A batch is half the frames or 64 MiB
+// of blocks (8 at the least), whichever is fewer: one pipelined round trip
+// of removes per batch, far less than the eviction it stands for.
 func putRing(cfg Config) (keep, batch int) {
 	frames := max(4, int(cfg.WorkingSetBytes/int64(cfg.BlockBytes))/cfg.Clients)
 	batch = min(frames/2, max(8, int((64<<20)/int64(cfg.BlockBytes))))

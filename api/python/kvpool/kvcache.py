@@ -137,10 +137,11 @@ class PagedKVAdapter:
         """Writes the pages of each block of chain_keys into the pool, in
         place. Blocks the node already holds are skipped. The rest are saved
         as one batch (on the shm path: every reservation in one round trip,
-        every commit in one more, a window of blocks at a time). Returns how
-        many blocks it wrote. A block the node refuses (ResourceExhausted,
-        ...) ends the save there: the blocks before it are committed, the
-        rest not, and the refusal is raised."""
+        each block's commit sent as it is filled and checksummed by the node
+        meanwhile, the answers read once; a window of blocks at a time).
+        Returns how many blocks it wrote. A block the node refuses
+        (ResourceExhausted, ...) ends the save there: the blocks before it
+        are committed, the rest not, and the refusal is raised."""
         keys = list(chain_keys)
         self._check_pages(len(keys), page_ids)
         present = self.client.exists(keys) if keys else []
@@ -157,14 +158,11 @@ class PagedKVAdapter:
                     if not isinstance(r, Exception):
                         r.abort()
                 part, ress = part[:cut], ress[:cut]
-            try:
-                for i, res in zip(part, ress):
-                    self._fill(res, i, page_ids)
-            except BaseException:
-                for r in ress:
-                    r.abort()
-                raise
-            for r in self.client.commit_many(ress, replicas):
+
+            def fill(k, res, part=part):
+                self._fill(res, part[k], page_ids)
+
+            for r in self.client.fill_and_commit(ress, fill, replicas):
                 # AlreadyExists: another writer committed the same prefix;
                 # its bytes are as good.
                 if isinstance(r, Exception) and not isinstance(r, errors.AlreadyExists):

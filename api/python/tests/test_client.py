@@ -134,6 +134,44 @@ def test_reserve_many_then_commit_many(clients, path):
     assert c.remove_many([b"rm0", b"rm2"]) == 2
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_fill_and_commit(clients, path):
+    # Each block is committed as it is filled; on shm the node takes the
+    # checksums (the PutResults carry them) and the answers come at the end.
+    c = clients[path]
+    keys = [b"fc%d" % i for i in range(5)]
+    values = [os.urandom(4096 + i) for i in range(5)]
+    c.put(b"fc3", values[3])
+
+    def fill(i, r):
+        r.data[:] = values[i]
+
+    ress = [c.reserve(k, len(v)) for k, v in zip(keys, values)]
+    assert c.fill_and_commit(ress, fill) == [(i == 3, crc32c(v)) for i, v in enumerate(values)]
+    assert [c.get(k) for k in keys] == values
+    with pytest.raises(errors.FailedPrecondition):
+        c.fill_and_commit(ress[:1], fill)  # ended: nothing filled
+    assert c.fill_and_commit([], fill) == []
+
+    # A fill that raises: the blocks before it committed, it and the rest
+    # aborted (their space back), the error raised, the session in step.
+    def failing(i, r):
+        if i == 2:
+            raise ValueError("the engine's copy failed")
+        r.data[:] = b"\x05" * r.size
+
+    held = c.stats().reservations  # a shm put's spare
+    ress = c.reserve_many([b"fx0", b"fx1", b"fx2", b"fx3"], 4096)
+    with pytest.raises(ValueError, match="copy failed"):
+        c.fill_and_commit(ress, failing)
+    assert c.exists([b"fx0", b"fx1", b"fx2", b"fx3"]) == [True, True, False, False]
+    assert c.get(b"fx1") == b"\x05" * 4096
+    with pytest.raises(errors.FailedPrecondition):
+        ress[3].commit()
+    wait_until(lambda: c.stats().reservations == held, 5.0, "the aborts")
+    assert c.remove_many(keys + [b"fx0", b"fx1"]) == 7
+
+
 def test_shm_put_takes_the_spare_its_last_commit_brought(node):
     # Each put's commit reserves the next put's place (one round trip a
     # put instead of two); the spare is the session's, ended with it.

@@ -169,7 +169,17 @@ def test_fill_and_commit(clients, path):
     with pytest.raises(errors.FailedPrecondition):
         ress[3].commit()
     wait_until(lambda: c.stats().reservations == held, 5.0, "the aborts")
-    assert c.remove_many(keys + [b"fx0", b"fx1"]) == 7
+
+    # Large blocks: commits go out four 2 MiB blocks at a time, the rest
+    # with the aborts when a fill fails.
+    big = [b"fb%d" % i for i in range(7)]
+    ress = c.reserve_many(big, 2 << 20)
+    with pytest.raises(ValueError, match="copy failed"):
+        c.fill_and_commit(ress, lambda i, r: failing(2 if i == 5 else 0, r))
+    assert c.exists(big) == [True] * 5 + [False] * 2
+    assert c.get(b"fb4") == b"\x05" * (2 << 20)
+    wait_until(lambda: c.stats().reservations == held, 5.0, "the aborts")
+    assert c.remove_many(keys + [b"fx0", b"fx1"] + big) == 12
 
 
 def test_shm_put_takes_the_spare_its_last_commit_brought(node):

@@ -1390,11 +1390,12 @@ class Client:
         """Fills reservations of this client in order, fill(i, reservation)
         writing the bytes of the i-th, and commits each one filled: one
         PutResult or exception (AlreadyExists, ...) per reservation, as
-        commit_many. On the shm path a block's commit goes to the node as
-        soon as it is filled, without a checksum taken here: the node takes
-        it, on a core of its own while the next block fills, instead of
-        this thread reading the block back (half a save's time on one
-        core), and the answers are read after the last fill. The session
+        commit_many. On the shm path the commits of filled blocks go to the
+        node 8 MiB of blocks at a time, without a checksum taken here: the
+        node takes each, on a core of its own while the next blocks fill,
+        instead of this thread reading the block back (a third of a paged
+        save's time on one core), and the answers are read after the last
+        fill. The session
         is held throughout: other threads' calls on this client wait. A
         fill that raises ends the batch: the reservations before it are
         committed, it and the rest aborted, and the exception propagates."""

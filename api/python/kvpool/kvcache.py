@@ -137,8 +137,9 @@ class PagedKVAdapter:
         """Writes the pages of each block of chain_keys into the pool, in
         place. Blocks the node already holds are skipped. The rest are saved
         as one batch (on the shm path: every reservation in one round trip,
-        each block's commit sent as it is filled and checksummed by the node
-        meanwhile, the answers read once; a window of blocks at a time).
+        the commits sent as the blocks fill, 8 MiB of blocks at a time, and
+        checksummed by the node meanwhile, the answers read once; a window
+        of blocks at a time).
         Returns how many blocks it wrote. A block the node refuses
         (ResourceExhausted, ...) ends the save there: the blocks before it
         are committed, the rest not, and the refusal is raised."""

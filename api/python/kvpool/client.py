@@ -430,9 +430,9 @@ class _ShmPath:
                 if pending_bytes >= _COMMIT_GROUP_BYTES or sent == _PIPELINE_FRAMES:
                     self._conn.send(*pending)
                     pending, pending_bytes = [], 0
-                if sent == _PIPELINE_FRAMES:
-                    out += _answers(self._conn, sent)
-                    sent = 0
+                    if sent == _PIPELINE_FRAMES:
+                        out += _answers(self._conn, sent)
+                        sent = 0
             if failure is not None:
                 for r in reservations[len(out) + sent:]:
                     r._done = True
@@ -765,6 +765,16 @@ _PIPELINE_FRAMES = 256
 # to a write leave one client waiting on more checksums at the end (7.1
 # against 8.4).
 _COMMIT_GROUP_BYTES = 8 << 20
+
+
+def _commit_or_refusal(reservation, replicas):
+    """reservation's commit: its PutResult, or the node's refusal of the
+    block (AlreadyExists, ResourceExhausted, ...) as a value, as the
+    batched calls answer per block; other errors raise."""
+    try:
+        return reservation.commit(replicas)
+    except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
+        return e
 
 
 def _pipeline(conn, requests, prefix=()):
@@ -1377,13 +1387,7 @@ class Client:
                 results[id(r)] = res
         out = []
         for r in reservations:
-            if id(r) in results:
-                out.append(results[id(r)])
-                continue
-            try:
-                out.append(r.commit(replicas))
-            except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
-                out.append(e)
+            out.append(results[id(r)] if id(r) in results else _commit_or_refusal(r, replicas))
         return out
 
     def fill_and_commit(self, reservations, fill, replicas=1):
@@ -1395,10 +1399,10 @@ class Client:
         node takes each, on a core of its own while the next blocks fill,
         instead of this thread reading the block back (a third of a paged
         save's time on one core), and the answers are read after the last
-        fill. The session
-        is held throughout: other threads' calls on this client wait. A
-        fill that raises ends the batch: the reservations before it are
-        committed, it and the rest aborted, and the exception propagates."""
+        fill. The session is held throughout: other threads' calls on this
+        client wait. A fill that raises ends the batch: the reservations
+        before it are committed, it and the rest aborted, and the exception
+        propagates."""
         reservations = self._own_open(reservations, "fill_and_commit")
         if reservations and all(r._handle is not None for r in reservations):
             return self._bytes.fill_and_commit(reservations, fill, replicas)
@@ -1410,10 +1414,7 @@ class Client:
                 for rest in reservations[i:]:
                     rest.abort()
                 raise
-            try:
-                out.append(r.commit(replicas))
-            except (errors.AlreadyExists, errors.ResourceExhausted, errors.InvalidArgument, errors.DataLoss) as e:
-                out.append(e)
+            out.append(_commit_or_refusal(r, replicas))
         return out
 
     def _own_open(self, reservations, what):

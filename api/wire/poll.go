@@ -46,6 +46,9 @@ type pollingReader struct {
 	// local is set once the session's client serves its own posts (see
 	// LocalServer): the mailbox is no longer watched.
 	local bool
+
+	cur  readState          // the Read in progress
+	poll func(uintptr) bool // r.pollSocket, made once
 }
 
 // Spinners bounds how many polling readers spin at once: half the
@@ -102,97 +105,20 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var n int
-	var rerr error
-	var until time.Time
 	// A session whose client serves its own posts has nothing coming on
 	// the socket worth a spin: releases, and its end.
-	local := r.local
-	spinning, mayspin := false, r.spin != nil && r.skip == 0 && !local
+	mayspin := r.spin != nil && r.skip == 0 && !r.local
 	if !mayspin && r.skip > 0 {
 		r.skip--
 	}
-	watch := r.armed && r.mbox != nil && !local
-	posted := false
-	// park is where a read that found nothing stops polling: with a
-	// mailbox watched, the node's parked word goes up first and the
-	// mailbox is looked at once more (see Mailbox), so a post made just
-	// before the word went up is served now and one made after brings an
-	// OpWake.
-	park := func() bool {
-		if watch {
-			r.mbox.SetNodeParked(true)
-			r.parked = true
-			if r.mbox.Pending() {
-				posted = true
-				return true
-			}
-		}
-		return false // sleep until the socket is readable
+	r.cur = readState{p: p, mayspin: mayspin, watch: r.armed && r.mbox != nil && !r.local}
+	if r.poll == nil {
+		r.poll = r.pollSocket // once: a closure made per Read escapes
 	}
-	err := r.rc.Read(func(fd uintptr) bool {
-		for i := 0; ; i++ {
-			// The mailbox is looked at before the socket: bytes the
-			// client wrote before it posted are then in the socket
-			// already, and are read first. While the mailbox carries
-			// the session's requests, the socket, which carries only
-			// releases and wakes then, is read on every fourth look.
-			pending := watch && r.mbox.Pending()
-			if watch && !pending && i%4 != 0 {
-				rerr = syscall.EAGAIN
-			} else {
-				n, rerr = r.read(int(fd), p)
-			}
-			switch {
-			case rerr == syscall.EINTR:
-				continue
-			case rerr != syscall.EAGAIN:
-				if spinning {
-					r.misses = 0 // the spin found its request
-				}
-				return true
-			case pending:
-				if spinning {
-					r.misses = 0
-				}
-				posted = true
-				return true
-			case !mayspin:
-				return park()
-			}
-			if watch && i%4 != 0 {
-				// Between the socket's reads, watch the mailbox without
-				// a system call for a few microseconds: a post is seen
-				// at once, and the spin makes no system calls there
-				// (one each look slowed a copy on the other vCPU by
-				// 4-6 % on a paravirtualized host).
-				for k := 0; k < mailboxHotLooks && !r.mbox.Pending(); k++ {
-				}
-			} else {
-				// Give the core to any thread that is ready to run
-				// (the writer's checksum helper, another client)
-				// rather than take it from them: the spin only needs
-				// the cycles nobody else wants.
-				syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-			}
-			now := time.Now()
-			if until.IsZero() {
-				until = now.Add(r.spin())
-				if spinning = r.spinners.enter(); !spinning {
-					return park()
-				}
-			} else if now.After(until) {
-				if spinning {
-					r.spinners.exit()
-					spinning = false
-					r.misses++
-					r.skip = 1<<min(r.misses, 6) - 1
-				}
-				return park()
-			}
-		}
-	})
-	if spinning {
+	err := r.rc.Read(r.poll)
+	st := r.cur
+	r.cur = readState{} // keeps no reference to p
+	if st.spinning {
 		r.spinners.exit()
 	}
 	if r.parked {
@@ -202,14 +128,113 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 	switch {
 	case err != nil:
 		return 0, err
-	case posted:
+	case st.posted:
 		return 0, ErrMailboxRequest
-	case rerr != nil:
-		return 0, rerr
-	case n == 0:
+	case st.rerr != nil:
+		return 0, st.rerr
+	case st.n == 0:
 		return 0, io.EOF
 	}
-	return n, nil
+	return st.n, nil
+}
+
+// readState is the state of one Read, kept in the reader so that the
+// function RawConn.Read calls is made once rather than as a closure per
+// Read, which escaped with its variables: seven allocations a read, a
+// node's commit among them.
+type readState struct {
+	p        []byte
+	n        int
+	rerr     error
+	until    time.Time
+	spinning bool // holds a slot of spinners
+	mayspin  bool
+	watch    bool // the mailbox is watched
+	posted   bool // the mailbox holds a post
+}
+
+// pollSocket is the function r.rc.Read calls with the socket, for r.cur:
+// it reports whether the read is done (true) or should sleep until the
+// socket is readable (false).
+func (r *pollingReader) pollSocket(fd uintptr) bool {
+	st := &r.cur
+	for i := 0; ; i++ {
+		// The mailbox is looked at before the socket: bytes the
+		// client wrote before it posted are then in the socket
+		// already, and are read first. While the mailbox carries
+		// the session's requests, the socket, which carries only
+		// releases and wakes then, is read on every fourth look.
+		pending := st.watch && r.mbox.Pending()
+		if st.watch && !pending && i%4 != 0 {
+			st.rerr = syscall.EAGAIN
+		} else {
+			st.n, st.rerr = r.read(int(fd), st.p)
+		}
+		switch {
+		case st.rerr == syscall.EINTR:
+			continue
+		case st.rerr != syscall.EAGAIN:
+			if st.spinning {
+				r.misses = 0 // the spin found its request
+			}
+			return true
+		case pending:
+			if st.spinning {
+				r.misses = 0
+			}
+			st.posted = true
+			return true
+		case !st.mayspin:
+			return r.park()
+		}
+		if st.watch && i%4 != 0 {
+			// Between the socket's reads, watch the mailbox without
+			// a system call for a few microseconds: a post is seen
+			// at once, and the spin makes no system calls there
+			// (one each look slowed a copy on the other vCPU by
+			// 4-6 % on a paravirtualized host).
+			for k := 0; k < mailboxHotLooks && !r.mbox.Pending(); k++ {
+			}
+		} else {
+			// Give the core to any thread that is ready to run
+			// (the writer's checksum helper, another client)
+			// rather than take it from them: the spin only needs
+			// the cycles nobody else wants.
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+		now := time.Now()
+		if st.until.IsZero() {
+			st.until = now.Add(r.spin())
+			if st.spinning = r.spinners.enter(); !st.spinning {
+				return r.park()
+			}
+		} else if now.After(st.until) {
+			if st.spinning {
+				r.spinners.exit()
+				st.spinning = false
+				r.misses++
+				r.skip = 1<<min(r.misses, 6) - 1
+			}
+			return r.park()
+		}
+	}
+}
+
+// park is where a read that found nothing stops polling: with a mailbox
+// watched, the node's parked word goes up first and the mailbox is looked
+// at once more (see Mailbox), so a post made just before the word went up
+// is served now and one made after brings an OpWake. It reports whether
+// the read is done.
+func (r *pollingReader) park() bool {
+	if r.cur.watch {
+		r.mbox.SetNodeParked(true)
+		r.parked = true
+		if r.mbox.Pending() {
+			r.cur.posted = true
+			return true
+		}
+	}
+	return false // sleep until the socket is readable
 }
 
 // read is one read(2) of the socket, or recvmsg(2) keeping any

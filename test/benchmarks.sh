@@ -65,6 +65,7 @@ echo "== allocator under churn"
 go test -run x -bench Fragmentation -benchtime 1x ./pool/store | grep Benchmark
 echo "== CRC-32C"
 go test -run x -bench Checksum ./api/internal/crc32c | grep Benchmark
+go test -run x -bench CopyAfterPause ./api/internal/crc32c | grep Benchmark
 echo "== cluster metadata: publication, mirror lag, Locate, mirror memory"
 go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Benchmark
 go test -run x -bench 'Locate$' ./metadata | grep Benchmark

@@ -1,6 +1,6 @@
 #include "textflag.h"
 
-// func castagnoliFold(crc uint32, dst, src []byte, k *[12]uint64, mode uint8) uint32
+// func castagnoliFold(crc uint32, dst, src []byte, k *[12]uint64, mode uint8, streamLen int, streams *[4]uint32) uint32
 //
 // Folds src into the CRC register crc (raw, not inverted) 256 bytes at a
 // time and returns the register after it; len(src) is a positive multiple
@@ -11,7 +11,16 @@
 // which require dst 64-byte aligned. Requires AVX512F, AVX512VL, AVX512DQ,
 // VPCLMULQDQ and SSE4.2. The steps mirror castagnoliFoldModel in
 // crc32c_fold.go.
-TEXT ·castagnoliFold(SB), NOSPLIT, $0-76
+//
+// With streamLen > 0 (a positive multiple of 64) the last 4·streamLen
+// bytes of src are four streams of streamLen bytes that the CRC32
+// instruction checksums on the integer pipes while VPCLMULQDQ folds the
+// rest on the vector pipes (see hybridFold in crc32c_fold.go): the fold
+// returns the register after the vector part only, and each stream's
+// register, started from zero, goes to streams. The vector part must then
+// be 256 + 512·(streamLen/64) bytes: every pass of the loop folds 512
+// bytes and takes 64 bytes of each stream.
+TEXT ·castagnoliFold(SB), NOSPLIT, $0-92
 	MOVL    crc+0(FP), AX
 	MOVQ    dst_base+8(FP), DI
 	MOVQ    src_base+32(FP), SI
@@ -41,6 +50,9 @@ first:
 
 	// Fold every lane forward 2048 bits onto the next 256 bytes.
 	VBROADCASTI32X4 (DX), Z5
+	MOVQ streamLen+72(FP), R10
+	TESTQ R10, R10
+	JNZ  hybrid
 	CMPQ R9, $1
 	JB   sumloop
 	JE   copyloop
@@ -125,6 +137,165 @@ ntdone:
 	// Non-temporal stores are weakly ordered: fence them before the
 	// caller publishes the bytes.
 	SFENCE
+	JMP reduce
+
+// The hybrid loops. Registers: SI the vector part, CX its bytes left; R8
+// stream 0 and R11 stream 3 (streams 1 and 2 at R8+R10 and R8+2·R10, R10
+// = streamLen); BX = dst - src, so a byte's destination is its source
+// address plus BX (R12 = BX+R10 and R13 = BX+2·R10 for streams 1 and 2);
+// the streams' registers AX, DI, R9, DX (k is reloaded for the
+// reduction).
+hybrid:
+	MOVQ R10, R11
+	SHLQ $2, R11
+	SUBQ R11, CX
+	MOVQ SI, R8
+	ADDQ CX, R8
+	LEAQ (R10)(R10*2), R11
+	ADDQ R8, R11
+	MOVQ DI, BX
+	SUBQ SI, BX
+	LEAQ (BX)(R10*1), R12
+	LEAQ (BX)(R10*2), R13
+	XORL AX, AX
+	XORL DI, DI
+	XORL DX, DX
+	CMPQ R9, $1
+	MOVL $0, R9
+	JB   hsumloop
+	JE   hcopyloop
+	JMP  hntloop
+
+// FOLD_MEM folds the 256 bytes at off(SI) into Z0-Z3.
+#define FOLD_MEM(off) \
+	VPCLMULQDQ $0x00, Z5, Z0, Z6; \
+	VPCLMULQDQ $0x11, Z5, Z0, Z0; \
+	VPTERNLOGD $0x96, (off)(SI), Z6, Z0; \
+	VPCLMULQDQ $0x00, Z5, Z1, Z7; \
+	VPCLMULQDQ $0x11, Z5, Z1, Z1; \
+	VPTERNLOGD $0x96, (off+64)(SI), Z7, Z1; \
+	VPCLMULQDQ $0x00, Z5, Z2, Z8; \
+	VPCLMULQDQ $0x11, Z5, Z2, Z2; \
+	VPTERNLOGD $0x96, (off+128)(SI), Z8, Z2; \
+	VPCLMULQDQ $0x00, Z5, Z3, Z9; \
+	VPCLMULQDQ $0x11, Z5, Z3, Z3; \
+	VPTERNLOGD $0x96, (off+192)(SI), Z9, Z3
+
+// FOLD_COPY copies the 256 bytes at off(SI) to off(SI)(BX*1) with the
+// store instruction st and folds them into Z0-Z3 from the registers.
+#define FOLD_COPY(st, off) \
+	VMOVDQU64 (off)(SI), Z10; \
+	VMOVDQU64 (off+64)(SI), Z11; \
+	VMOVDQU64 (off+128)(SI), Z12; \
+	VMOVDQU64 (off+192)(SI), Z13; \
+	st Z10, (off)(SI)(BX*1); \
+	st Z11, (off+64)(SI)(BX*1); \
+	st Z12, (off+128)(SI)(BX*1); \
+	st Z13, (off+192)(SI)(BX*1); \
+	VPCLMULQDQ $0x00, Z5, Z0, Z6; \
+	VPCLMULQDQ $0x11, Z5, Z0, Z0; \
+	VPTERNLOGD $0x96, Z10, Z6, Z0; \
+	VPCLMULQDQ $0x00, Z5, Z1, Z7; \
+	VPCLMULQDQ $0x11, Z5, Z1, Z1; \
+	VPTERNLOGD $0x96, Z11, Z7, Z1; \
+	VPCLMULQDQ $0x00, Z5, Z2, Z8; \
+	VPCLMULQDQ $0x11, Z5, Z2, Z2; \
+	VPTERNLOGD $0x96, Z12, Z8, Z2; \
+	VPCLMULQDQ $0x00, Z5, Z3, Z9; \
+	VPCLMULQDQ $0x11, Z5, Z3, Z3; \
+	VPTERNLOGD $0x96, Z13, Z9, Z3
+
+// CRC64 takes the 64 bytes at (base)(idx*scale) into the register r.
+#define CRC64(base, idx, scale, r) \
+	CRC32Q 0(base)(idx*scale), r; \
+	CRC32Q 8(base)(idx*scale), r; \
+	CRC32Q 16(base)(idx*scale), r; \
+	CRC32Q 24(base)(idx*scale), r; \
+	CRC32Q 32(base)(idx*scale), r; \
+	CRC32Q 40(base)(idx*scale), r; \
+	CRC32Q 48(base)(idx*scale), r; \
+	CRC32Q 56(base)(idx*scale), r
+
+// CRC64B takes the 64 bytes at (base) into the register r.
+#define CRC64B(base, r) \
+	CRC32Q 0(base), r; \
+	CRC32Q 8(base), r; \
+	CRC32Q 16(base), r; \
+	CRC32Q 24(base), r; \
+	CRC32Q 32(base), r; \
+	CRC32Q 40(base), r; \
+	CRC32Q 48(base), r; \
+	CRC32Q 56(base), r
+
+// COPY64 copies the 64 bytes at (base)(idx*scale) to (base)(didx*1)
+// with the store instruction st, through the register zr.
+#define COPY64(st, zr, base, idx, scale, didx) \
+	VMOVDQU64 (base)(idx*scale), zr; \
+	st zr, (base)(didx*1)
+
+// COPY64B copies the 64 bytes at (base) to (base)(BX*1).
+#define COPY64B(st, zr, base) \
+	VMOVDQU64 (base), zr; \
+	st zr, (base)(BX*1)
+
+// Streams 0 and 1, then 2 and 3. (R14, R15, Z15 are left alone: Go's
+// internal ABI gives them fixed roles.)
+#define STREAMS_LO \
+	CRC64B(R8, AX); \
+	CRC64(R8, R10, 1, DI)
+
+#define STREAMS_HI \
+	CRC64(R8, R10, 2, R9); \
+	CRC64B(R11, DX)
+
+#define ADVANCE \
+	ADDQ $512, SI; \
+	ADDQ $64, R8; \
+	ADDQ $64, R11; \
+	SUBQ $512, CX
+
+hsumloop:
+	FOLD_MEM(0)
+	STREAMS_LO
+	FOLD_MEM(256)
+	STREAMS_HI
+	ADVANCE
+	JNZ hsumloop
+	JMP hdone
+
+hcopyloop:
+	FOLD_COPY(VMOVDQU64, 0)
+	COPY64B(VMOVDQU64, Z14, R8)
+	COPY64(VMOVDQU64, Z16, R8, R10, 1, R12)
+	STREAMS_LO
+	FOLD_COPY(VMOVDQU64, 256)
+	COPY64(VMOVDQU64, Z17, R8, R10, 2, R13)
+	COPY64B(VMOVDQU64, Z18, R11)
+	STREAMS_HI
+	ADVANCE
+	JNZ hcopyloop
+	JMP hdone
+
+hntloop:
+	FOLD_COPY(VMOVNTDQ, 0)
+	COPY64B(VMOVNTDQ, Z14, R8)
+	COPY64(VMOVNTDQ, Z16, R8, R10, 1, R12)
+	STREAMS_LO
+	FOLD_COPY(VMOVNTDQ, 256)
+	COPY64(VMOVNTDQ, Z17, R8, R10, 2, R13)
+	COPY64B(VMOVNTDQ, Z18, R11)
+	STREAMS_HI
+	ADVANCE
+	JNZ hntloop
+	SFENCE
+
+hdone:
+	MOVQ streams+80(FP), R8
+	MOVL AX, 0(R8)
+	MOVL DI, 4(R8)
+	MOVL R9, 8(R8)
+	MOVL DX, 12(R8)
+	MOVQ k+56(FP), DX
 
 reduce:
 	// Fold register 0 into 1, 1 into 2, 2 into 3: 512 bits each.
@@ -158,15 +329,6 @@ reduce:
 	XORL   R8, R8
 	CRC32Q AX, R8
 	CRC32Q BX, R8
-	MOVL   R8, ret+72(FP)
+	MOVL   R8, ret+88(FP)
 	VZEROUPPER
 	RET
-
-// func castagnoliCopyVPCLMUL(crc uint32, dst, src []byte, k *[12]uint64, nonTemporal bool) uint32
-//
-// Copies src into dst and folds it into crc as castagnoliVPCLMUL does, in
-// one pass: each 256 bytes are loaded once, stored, and folded from the
-// registers. len(src) is a positive multiple of 256 and len(dst) is at
-// least as long. nonTemporal stores with VMOVNTDQ, which writes around the
-// caches (as runtime·memmove does for large copies) and requires dst
-// 64-byte aligned. Same CPU requirements as castagnoliVPCLMUL.

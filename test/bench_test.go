@@ -2,10 +2,14 @@ package test
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -273,7 +277,10 @@ func freeEndpoint(t testing.TB) string {
 // time (NodePlan.Transfer: round trip, the link's fitted fixed and
 // per-block costs, bytes at its bandwidth); the client times the Fetch
 // call. It reports the median and worst relative error per length over
-// the last 30 rounds (the first 10 train the link), and overall.
+// the last 30 rounds (the first 10 train the link), and overall; and the
+// noise floors the error is judged against: what a predictor that knew
+// each length's median would be off by, for kvpool's fetches and for raw
+// TCP moving the same bytes on the same host (rawTCPRoundTrips).
 //
 //	go test -run '^$' -bench FetchPrediction -benchtime 1x -v ./test
 func BenchmarkFetchPrediction(b *testing.B) {
@@ -421,6 +428,17 @@ func BenchmarkFetchPrediction(b *testing.B) {
 	b.Logf("noise floor: a prediction of each chain's median fetch time is off by a median %.1f%% (the daemon's fetch), %.1f%% (the client's call)", 100*daemonFloor, 100*callFloor)
 	b.ReportMetric(100*daemonFloor, "noise-floor-err-%")
 	b.ReportMetric(100*callFloor, "call-noise-floor-err-%")
+	// The same floor of raw TCP moving the same bytes on this host: what
+	// the medium itself scatters, with nothing of kvpool's in the way.
+	raw := rawTCPRoundTrips(b, pool.TestConfig("raw", capacity).TransferConns, lengths, block, rounds, warm)
+	rawFloor := floorOf(raw)
+	for _, n := range lengths {
+		t := slices.Clone(raw[n])
+		slices.Sort(t)
+		b.Logf("%2d blocks over raw TCP, request/response: p10 %.2f ms, p50 %.2f, p90 %.2f", n, 1e3*t[len(t)/10], 1e3*t[len(t)/2], 1e3*t[len(t)*9/10])
+	}
+	b.Logf("raw TCP's noise floor, the same measure: %.1f%%", 100*rawFloor)
+	b.ReportMetric(100*rawFloor, "raw-tcp-noise-floor-err-%")
 	ad := abs(allDaemon)
 	b.ReportMetric(100*ad[len(ad)/2], "daemon-median-err-%")
 	b.ReportMetric(100*ad[len(ad)-1], "daemon-worst-err-%")
@@ -429,4 +447,85 @@ func BenchmarkFetchPrediction(b *testing.B) {
 	b.Logf("link node-0 → node-1: %.2f GB/s, rtt %v, fixed %v, per block %v, per doubling %v (%d fetches fitted)", e.BytesPerSecond/1e9, e.RTT, e.Fixed, e.PerBlock, e.PerDoubling, e.FitSamples)
 	b.ReportMetric(100*a[len(a)/2], "median-err-%")
 	b.ReportMetric(100*a[len(a)-1], "worst-err-%")
+}
+
+// rawTCPRoundTrips times what a fetch of each chain length moves, over
+// raw TCP on loopback with conns connections: one request per connection
+// for its contiguous share of the chain's bytes, all of them read before
+// the next chain is asked for, the lengths in rotation as
+// BenchmarkFetchPrediction fetches them. It returns the seconds each took
+// after the first warm rounds, by length.
+func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, warm int) map[int][]float64 {
+	b.Helper()
+	size := block * slices.Max(lengths)
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	for i := 0; i < len(dst); i += 4096 {
+		dst[i] = 1
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	clients := make([]net.Conn, conns)
+	var served sync.WaitGroup
+	defer served.Wait()
+	for i := range clients {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		s, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		clients[i] = c
+		served.Go(func() {
+			defer s.Close()
+			var req [8]byte
+			for {
+				if _, err := io.ReadFull(s, req[:]); err != nil {
+					return
+				}
+				lo, hi := binary.LittleEndian.Uint32(req[:4]), binary.LittleEndian.Uint32(req[4:])
+				if _, err := s.Write(src[lo:hi]); err != nil {
+					return
+				}
+			}
+		})
+	}
+	out := map[int][]float64{}
+	errs := make([]error, conns)
+	for r := range rounds {
+		for _, n := range lengths {
+			bytes := n * block
+			share := (bytes + conns - 1) / conns
+			t0 := time.Now()
+			var wg sync.WaitGroup
+			for i, c := range clients {
+				lo, hi := min(i*share, bytes), min((i+1)*share, bytes)
+				wg.Go(func() {
+					var req [8]byte
+					binary.LittleEndian.PutUint32(req[:4], uint32(lo))
+					binary.LittleEndian.PutUint32(req[4:], uint32(hi))
+					if _, errs[i] = c.Write(req[:]); errs[i] == nil {
+						_, errs[i] = io.ReadFull(c, dst[lo:hi])
+					}
+				})
+			}
+			wg.Wait()
+			took := time.Since(t0)
+			if err := errors.Join(errs...); err != nil {
+				b.Fatal(err)
+			}
+			if r >= warm {
+				out[n] = append(out[n], took.Seconds())
+			}
+		}
+	}
+	return out
 }

@@ -30,12 +30,6 @@ func foldCopyCRC(crc uint32, dst, src []byte) uint32 {
 	return hybridFold(crc, dst, src, mode)
 }
 
-// hybridMinBytes is where hybridFold starts to hand streams to the CRC32
-// instruction: moving their registers into place takes about 150 ns (ten
-// or so multiplications modulo P), which the streams earn back from about
-// 32 KiB (measured: 32 KiB 0.95 of the fold's time, 64 KiB 0.85).
-const hybridMinBytes = 64 << 10
-
 // hybridFold folds src (a positive multiple of 256 bytes) in the given
 // mode. From hybridMinBytes, about a third of it goes to the CRC32
 // instruction in four streams while VPCLMULQDQ folds the rest: the two

@@ -114,6 +114,7 @@ func TestHybridFold(t *testing.T) {
 func FuzzChecksum(f *testing.F) {
 	f.Add(uint32(0), make([]byte, 1024))
 	f.Add(uint32(7), make([]byte, 4000))
+	f.Add(uint32(3), make([]byte, hybridMinBytes+1000)) // streams beside the fold
 	f.Fuzz(func(t *testing.T, init uint32, p []byte) {
 		if got, want := Update(init, p), crc32.Update(init, castagnoli, p); got != want {
 			t.Fatalf("len %d: %08x, stdlib %08x", len(p), got, want)
@@ -219,6 +220,7 @@ func TestCopy(t *testing.T) {
 func FuzzCopy(f *testing.F) {
 	f.Add(uint32(0), make([]byte, 1024), uint8(0))
 	f.Add(uint32(9), make([]byte, 5000), uint8(7))
+	f.Add(uint32(5), make([]byte, hybridMinBytes+3000), uint8(64))
 	f.Fuzz(func(t *testing.T, init uint32, p []byte, off uint8) {
 		dst := make([]byte, len(p)+int(off))[off:]
 		if got, want := Copy(init, dst, p), crc32.Update(init, castagnoli, p); got != want {

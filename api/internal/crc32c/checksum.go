@@ -72,7 +72,8 @@ var x2k = func() (t [32]uint32) {
 }()
 
 // shiftBytes returns x^(8·n) mod P, bit-reflected: what multiplies a
-// CRC register to move it past n bytes of zeros.
+// CRC register to move it past n bytes of zeros. It walks the bits of n,
+// square-and-multiply, starting at x^(2^3) for bytes.
 func shiftBytes(n uint64) uint32 {
 	p := uint32(1) << 31
 	for k := 3; n != 0; n, k = n>>1, k+1 {
@@ -90,8 +91,7 @@ func Combine(crcA, crcB uint32, lenB int64) uint32 {
 	if lenB <= 0 {
 		return crcA
 	}
-	// Multiply crcA by x^(8·lenB) mod P: the square-and-multiply walk over
-	// the bits of lenB, starting at x^(2^3) for bytes.
+	// Move crcA past lenB bytes, then add b's.
 	return mulModP(shiftBytes(uint64(lenB)), crcA) ^ crcB
 }
 

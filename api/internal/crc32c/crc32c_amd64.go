@@ -4,9 +4,9 @@ import "golang.org/x/sys/cpu"
 
 // castagnoliFold is in crc32c_amd64.s: mode 0 folds src only, 1 also
 // copies it into dst, 2 copies with non-temporal stores. With streamLen
-// > 0 the last four streamLen bytes of src are checksummed by the CRC32
-// instruction beside the fold, their registers written to streams (see
-// hybridFold).
+// > 0 the last 4·streamLen bytes of src are four streams that the CRC32
+// instruction checksums beside the fold, their registers written to
+// streams (see hybridFold).
 //
 //go:noescape
 func castagnoliFold(crc uint32, dst, src []byte, k *[12]uint64, mode uint8, streamLen int, streams *[4]uint32) uint32

@@ -263,29 +263,27 @@ hsumloop:
 	JNZ hsumloop
 	JMP hdone
 
-hcopyloop:
-	FOLD_COPY(VMOVDQU64, 0)
-	COPY64B(VMOVDQU64, Z14, R8)
-	COPY64(VMOVDQU64, Z16, R8, R10, 1, R12)
-	STREAMS_LO
-	FOLD_COPY(VMOVDQU64, 256)
-	COPY64(VMOVDQU64, Z17, R8, R10, 2, R13)
-	COPY64B(VMOVDQU64, Z18, R11)
-	STREAMS_HI
+// COPY_PASS is one pass of a copying hybrid loop, its stores made with
+// st: 512 bytes folded and copied, 64 of each stream copied and
+// checksummed.
+#define COPY_PASS(st) \
+	FOLD_COPY(st, 0); \
+	COPY64B(st, Z14, R8); \
+	COPY64(st, Z16, R8, R10, 1, R12); \
+	STREAMS_LO; \
+	FOLD_COPY(st, 256); \
+	COPY64(st, Z17, R8, R10, 2, R13); \
+	COPY64B(st, Z18, R11); \
+	STREAMS_HI; \
 	ADVANCE
+
+hcopyloop:
+	COPY_PASS(VMOVDQU64)
 	JNZ hcopyloop
 	JMP hdone
 
 hntloop:
-	FOLD_COPY(VMOVNTDQ, 0)
-	COPY64B(VMOVNTDQ, Z14, R8)
-	COPY64(VMOVNTDQ, Z16, R8, R10, 1, R12)
-	STREAMS_LO
-	FOLD_COPY(VMOVNTDQ, 256)
-	COPY64(VMOVNTDQ, Z17, R8, R10, 2, R13)
-	COPY64B(VMOVNTDQ, Z18, R11)
-	STREAMS_HI
-	ADVANCE
+	COPY_PASS(VMOVNTDQ)
 	JNZ hntloop
 	SFENCE
 

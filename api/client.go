@@ -122,6 +122,12 @@ type ClientConfig struct {
 	// Token, when set, is the bearer token that identifies the caller: in
 	// each gRPC call's metadata and in the data channel's preamble.
 	Token string
+	// TCPCongestion is the TCP congestion control of the data channel's
+	// connections (Linux TCP_CONGESTION): they send Puts' bytes. Default
+	// "cubic", as a node's (wire.DefaultCongestion: BBR's pacing stalls
+	// bursts after idle time); "host" keeps the host's. Dial refuses an
+	// algorithm the kernel does not have or does not allow this process.
+	TCPCongestion string
 }
 
 // BearerToken is gRPC per-call credentials that send a bearer token in
@@ -181,6 +187,12 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.SpinWait == 0 {
 		cfg.SpinWait = 50 * time.Microsecond
+	}
+	if cfg.TCPCongestion == "" {
+		cfg.TCPCongestion = wire.DefaultCongestion
+	}
+	if err := wire.ValidateCongestion(cfg.TCPCongestion); err != nil {
+		return nil, fmt.Errorf("%w: client: %v", ErrInvalidArgument, err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -31,7 +31,7 @@ func newDataPath(cfg ClientConfig, wc wire.ConnConfig) *dataPath {
 			ctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 			defer cancel()
 			wc := wc
-			wc.TLS, wc.Token = cfg.TLS, cfg.Token
+			wc.TLS, wc.Token, wc.Congestion = cfg.TLS, cfg.Token, cfg.TCPCongestion
 			c, err := wire.Dial(ctx, addr, wc)
 			if err != nil {
 				return nil, fmt.Errorf("%w: client: data channel to %s: %v", ErrUnavailable, addr, err)

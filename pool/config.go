@@ -111,6 +111,17 @@ type ServerConfig struct {
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.
 	GetChunkBytes int
+	// TCPCongestion is the TCP congestion control (Linux TCP_CONGESTION)
+	// of the connections that carry blocks: the data channel's and the
+	// tcp transport's, accepted or dialed. Default "cubic"
+	// (wire.DefaultCongestion): BBR, many hosts' default, paces each
+	// connection at its model of the path, and on fetches (bursts after
+	// idle) that model can fall far below the link. Measured on
+	// loopback: 1-2 in 160 fetches stalled 15-75 ms under BBR, none under
+	// CUBIC, and fetch times scattered less (docs/benchmarks-history.md).
+	// "host" keeps the host's default. New refuses an algorithm the
+	// kernel does not have or does not allow this process.
+	TCPCongestion string
 }
 
 // ClusterConfig configures the node's membership: its records in etcd,
@@ -285,6 +296,9 @@ func (c *ServerConfig) fill(nodeID string) {
 	if c.SpinWait == 0 {
 		c.SpinWait = 100 * time.Microsecond
 	}
+	if c.TCPCongestion == "" {
+		c.TCPCongestion = wire.DefaultCongestion
+	}
 	if c.GetChunkBytes == 0 {
 		c.GetChunkBytes = 1 << 20
 	}
@@ -424,6 +438,9 @@ func (c *ServerConfig) validate() []error {
 	}
 	if c.SpinWait > 10*time.Millisecond {
 		p.add("spin wait %v: at most 10ms (it is CPU spent per request; negative turns it off)", c.SpinWait)
+	}
+	if err := wire.ValidateCongestion(c.TCPCongestion); err != nil {
+		p = append(p, err)
 	}
 	if c.GetChunkBytes < 4<<10 || c.GetChunkBytes > 4<<20 {
 		p.add("get chunk size %d bytes: want 4 KiB to 4 MiB", c.GetChunkBytes)

@@ -35,7 +35,10 @@ type doors struct {
 	// handshakeTimeout bounds how long a new connection may take to send
 	// its first bytes (see ServerConfig.HandshakeTimeout).
 	handshakeTimeout time.Duration
-	log              *slog.Logger
+	// congestion is the TCP congestion control of the data and transfer
+	// connections it accepts (ServerConfig.TCPCongestion).
+	congestion string
+	log        *slog.Logger
 	// acceptFailed counts a failed accept of a door; nil counts nothing.
 	acceptFailed func(door string)
 	// sorted counts a TCP connection once its protocol is known; nil
@@ -54,6 +57,7 @@ type doors struct {
 func (d *doors) listen(cfg *ServerConfig) error {
 	var err error
 	d.conns = map[net.Conn]struct{}{}
+	d.congestion = cfg.TCPCongestion
 	if d.tcp, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
 		return fmt.Errorf("pool: listen on %s: %w", cfg.ListenAddr, err)
 	}
@@ -237,13 +241,13 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 			d.log.Warn("data connection with a bad preamble", "remote", remote(c), "err", err)
 			return false
 		}
-		setNoDelay(c)
+		d.tuneTCP(c)
 		data(c, token)
 	case bytes.Equal(first[:4], transfer.TCPPreamble[:4]):
 		count("transfer")
 		if token, err := readPreamble(c, &first, transfer.TCPPreamble); err == nil {
 			c.SetReadDeadline(time.Time{})
-			setNoDelay(c)
+			d.tuneTCP(c)
 			xfer(ctx, c, token)
 		}
 	default:
@@ -268,7 +272,10 @@ func readPreamble(c net.Conn, first *[8]byte, want [8]byte) (token string, err e
 	return wire.ReadPreambleToken(c, *first)
 }
 
-func setNoDelay(c net.Conn) {
+// tuneTCP readies an accepted data or transfer connection to carry
+// blocks: no Nagle delay, and the node's congestion control (these
+// connections send the bytes of Gets and of peers' reads).
+func (d *doors) tuneTCP(c net.Conn) {
 	if tc := tlsConnOf(c); tc != nil {
 		c = tc.NetConn()
 	}
@@ -279,6 +286,11 @@ func setNoDelay(c net.Conn) {
 			continue
 		case *net.TCPConn:
 			v.SetNoDelay(true)
+			if err := wire.SetCongestion(v, d.congestion); err != nil {
+				// New checked the algorithm; the connection works on
+				// with the host's.
+				d.log.Debug("congestion control not set", "remote", remote(c), "err", err)
+			}
 		}
 		return
 	}

@@ -203,7 +203,7 @@ func New(cfg Config) (*Node, error) {
 	n.links = transfer.NewLinks(cfg.Links)
 	peerTLS := n.peerTLSFor(n.gate.peerTLS())
 	n.tcpT = transfer.NewTCP(transfer.TCPConfig{ConnsPerPeer: cfg.TransferConns, IdleTimeout: cfg.IdleTimeout, IOTimeout: cfg.IOTimeout, Logger: log,
-		TLSFor: peerTLS, Token: n.gate.peerToken})
+		TLSFor: peerTLS, Token: n.gate.peerToken, Congestion: cfg.TCPCongestion})
 	var grpcAccess transfer.Access
 	if !n.gate.open {
 		n.grants = &grants{open: n.store.ReservationOpen}

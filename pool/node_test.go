@@ -127,11 +127,12 @@ func TestLockMemory(t *testing.T) {
 func TestConfigValidationReportsEveryProblem(t *testing.T) {
 	cfg := Config{NodeID: "bad id"}
 	cfg.CapacityBytes, cfg.PageBytes, cfg.MaxBlockBytes, cfg.GetChunkBytes = 1000, 3000, 1<<40, 1
+	cfg.TCPCongestion = "nosuchcc"
 	_, err := New(cfg)
 	if err == nil {
 		t.Fatal("New accepted a bad config")
 	}
-	for _, want := range []string{"node id", "page size", "capacity", "max block size", "get chunk"} {
+	for _, want := range []string{"node id", "page size", "capacity", "max block size", "get chunk", "congestion control \"nosuchcc\""} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

@@ -487,7 +487,7 @@ func TestTransferEndpointAdmitsOnlyNodes(t *testing.T) {
 	dialKVPT := func(tlsConfig *tls.Config, token string) net.Conn {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		c, err := wire.DialPreamble(ctx, s.addr, transfer.TCPPreamble, tlsConfig, token)
+		c, err := wire.DialPreamble(ctx, s.addr, transfer.TCPPreamble, tlsConfig, token, "")
 		if err != nil {
 			t.Fatal(err)
 		}

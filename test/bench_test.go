@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvpool/kvpool/api"
 	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
 	"github.com/kvpool/kvpool/internal/eventually"
 	"github.com/kvpool/kvpool/internal/hugepages"
 	"github.com/kvpool/kvpool/metadata"
@@ -450,10 +451,11 @@ func BenchmarkFetchPrediction(b *testing.B) {
 }
 
 // rawTCPRoundTrips times what a fetch of each chain length moves, over
-// raw TCP on loopback with conns connections: one request per connection
-// for its contiguous share of the chain's bytes, all of them read before
-// the next chain is asked for, the lengths in rotation as
-// BenchmarkFetchPrediction fetches them. It returns the seconds each took
+// raw TCP on loopback with conns connections (with the nodes' default
+// congestion control): one request per connection for its contiguous
+// share of the chain's bytes, all of them read before the next chain is
+// asked for, the lengths in rotation as BenchmarkFetchPrediction fetches
+// them. It returns the seconds each took
 // after the first warm rounds, by length.
 func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, warm int) map[int][]float64 {
 	b.Helper()
@@ -482,6 +484,13 @@ func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, war
 		s, err := ln.Accept()
 		if err != nil {
 			b.Fatal(err)
+		}
+		// The nodes' congestion control (their default), so the raw
+		// connections move bytes as the transport's do.
+		for _, nc := range []net.Conn{c, s} {
+			if err := wire.SetCongestion(nc, wire.DefaultCongestion); err != nil {
+				b.Fatal(err)
+			}
 		}
 		clients[i] = c
 		served.Go(func() {

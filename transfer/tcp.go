@@ -66,6 +66,10 @@ type TCPConfig struct {
 	// Token, when set, is sent in each connection's preamble: this node's
 	// bearer token, for peers that identify nodes by token.
 	Token string
+	// Congestion is the TCP congestion control of the connections it
+	// dials (wire.SetCongestion; the node sets its own on those it
+	// accepts, which send the bytes of reads). "" leaves the host's.
+	Congestion string
 }
 
 // TCP is the framed TCP transport. Requests name (region, offset,
@@ -858,7 +862,7 @@ func (c *tcpConn) run() {
 	if c.t.cfg.TLSFor != nil {
 		tlsConfig = c.t.cfg.TLSFor(c.addr)
 	}
-	nc, err := wire.DialPreamble(ctx, c.addr, TCPPreamble, tlsConfig, c.t.cfg.Token)
+	nc, err := wire.DialPreamble(ctx, c.addr, TCPPreamble, tlsConfig, c.t.cfg.Token, c.t.cfg.Congestion)
 	cancel()
 	if err != nil {
 		close(c.ready)

@@ -89,6 +89,10 @@ type ConnConfig struct {
 	// plain reads.
 	SpinWait time.Duration
 	Spinners *Spinners
+	// Congestion is the TCP congestion control Dial sets on the
+	// connection (see SetCongestion): "" or CongestionHost leaves the
+	// host's.
+	Congestion string
 }
 
 // NewConn wraps nc, which is past any preamble.
@@ -111,17 +115,18 @@ func NewConn(nc net.Conn, cfg ConnConfig) *Conn {
 // Dial opens a TCP data connection to addr (through TLS with cfg.TLS) and
 // sends the Preamble, with cfg.Token.
 func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
-	nc, err := DialPreamble(ctx, addr, Preamble, cfg.TLS, cfg.Token)
+	nc, err := DialPreamble(ctx, addr, Preamble, cfg.TLS, cfg.Token, cfg.Congestion)
 	if err != nil {
 		return nil, err
 	}
 	return NewConn(nc, cfg), nil
 }
 
-// DialPreamble opens a TCP connection to addr, runs TLS over it when
-// tlsConfig is set, and sends preamble with token: how a data connection
-// or a transfer connection (another preamble) starts.
-func DialPreamble(ctx context.Context, addr string, preamble [8]byte, tlsConfig *tls.Config, token string) (net.Conn, error) {
+// DialPreamble opens a TCP connection to addr with congestion control
+// congestion (SetCongestion), runs TLS over it when tlsConfig is set, and
+// sends preamble with token: how a data connection or a transfer
+// connection (another preamble) starts.
+func DialPreamble(ctx context.Context, addr string, preamble [8]byte, tlsConfig *tls.Config, token, congestion string) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -129,6 +134,10 @@ func DialPreamble(ctx context.Context, addr string, preamble [8]byte, tlsConfig 
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+	}
+	if err := SetCongestion(nc, congestion); err != nil {
+		nc.Close()
+		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)

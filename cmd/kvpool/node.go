@@ -304,6 +304,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 	f.BoolVar(&cfg.NoLocalServe, "no-local-serve", false, "shm, node in this process: clients wait for the node's goroutine to serve each request, as clients in another process do, instead of serving it themselves in their own goroutine")
 	f.IntVar(&cfg.Batch, "batch", 1, "with --op put: blocks per call; above 1 each client stores them with PutMany from as many distinct buffers (an engine saving a request's blocks), and the memcpy baseline copies from as many")
 	f.DurationVar(&cfg.NodeSpinWait, "node-spin-wait", 0, "the in-process nodes' --spin-wait (0: its default, 100µs; negative: never)")
+	f.StringVar(&cfg.TCPCongestion, "tcp-congestion", "", "TCP congestion control of everything the run sends over TCP: the in-process nodes', the clients' and the raw-TCP baselines' connections, so the baselines move bytes as kvpool does; with --server, name the node's (default cubic, as a node's; host: the host's default)")
 	f.DurationVar(&cfg.ClientSpinWait, "client-spin-wait", 0, "how long each client call polls its socket for the node's response before parking (0: the client's default, 50µs; negative: never)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")

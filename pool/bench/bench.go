@@ -92,6 +92,12 @@ type Config struct {
 	// NodeSpinWait is the in-process nodes' pool.Config.SpinWait. Zero:
 	// the node's default; negative: off.
 	NodeSpinWait time.Duration
+	// TCPCongestion is the TCP congestion control of everything the run
+	// sends over TCP: the in-process nodes' connections, the clients' and
+	// the raw-TCP baselines', so a baseline moves bytes as kvpool's
+	// connections do. With Server, name the node's (it sends Gets'
+	// bytes). Default wire.DefaultCongestion; "host" keeps the host's.
+	TCPCongestion string
 	// Progress, when set, receives a progress bar.
 	Progress *Progress
 	// Tenant and Namespace hold the benchmark's blocks.
@@ -161,6 +167,12 @@ func (c *Config) fill() error {
 	if c.CapacityBytes == 0 {
 		c.CapacityBytes = 4 << 30
 	}
+	if c.TCPCongestion == "" {
+		c.TCPCongestion = wire.DefaultCongestion
+	}
+	if err := wire.ValidateCongestion(c.TCPCongestion); err != nil {
+		return fmt.Errorf("%w: %v", api.ErrInvalidArgument, err)
+	}
 	if c.Tenant == "" {
 		c.Tenant = "bench"
 	}
@@ -186,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, NoShmMailbox: cfg.NoShmMailbox, NoLocalServe: cfg.NoLocalServe, SpinWait: cfg.ClientSpinWait})
+		c, err := api.Dial(ctx, api.ClientConfig{Server: server, Path: cfg.Path, MaxIdleConns: 2, NoLocationCache: cfg.NoLocationCache, NoShmMailbox: cfg.NoShmMailbox, NoLocalServe: cfg.NoLocalServe, SpinWait: cfg.ClientSpinWait, TCPCongestion: cfg.TCPCongestion})
 		if err != nil {
 			return nil, err
 		}
@@ -338,6 +350,7 @@ func startNodeWith(id string, cfg Config, sec pool.SecurityConfig) (n *pool.Node
 	if cfg.NodeSpinWait != 0 {
 		pc.SpinWait = cfg.NodeSpinWait
 	}
+	pc.TCPCongestion = cfg.TCPCongestion
 	n, err = pool.New(pc)
 	if err != nil {
 		return nil, nil, err
@@ -637,6 +650,16 @@ func (b *tcpBaseline) name() string {
 	return "raw-tcp" // RunRemote names where a fetch's regions are
 }
 
+// setCongestion gives each of conns the run's TCP congestion control.
+func setCongestion(algo string, conns ...net.Conn) error {
+	for _, c := range conns {
+		if err := wire.SetCongestion(c, algo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pair returns both ends of one loopback connection. Dial and accept run
 // under a lock so that concurrent clients never get each other's ends.
 func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
@@ -647,6 +670,11 @@ func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 	}
 	if server, err = b.ln.Accept(); err != nil {
 		client.Close()
+		return nil, nil, err
+	}
+	if err := setCongestion(b.cfg.TCPCongestion, client, server); err != nil {
+		client.Close()
+		server.Close()
 		return nil, nil, err
 	}
 	return client, server, nil
@@ -763,6 +791,9 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 			return err
 		}
 		defer c.Close()
+		if err := wire.SetCongestion(c, b.cfg.TCPCongestion); err != nil {
+			return err
+		}
 		if _, err := c.Write(wire.Preamble[:]); err != nil {
 			return err
 		}

@@ -81,6 +81,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		if cfg.NodeSpinWait != 0 {
 			pc.SpinWait = cfg.NodeSpinWait
 		}
+		pc.TCPCongestion = cfg.TCPCongestion
 		n, err := pool.New(pc)
 		if err != nil {
 			return nil, err
@@ -93,7 +94,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		nodes = append(nodes, n)
 	}
 	fetcher, holder := nodes[0], nodes[1]
-	hc, err := api.Dial(ctx, api.ClientConfig{Server: holder.Addr().String(), Path: api.PathData})
+	hc, err := api.Dial(ctx, api.ClientConfig{Server: holder.Addr().String(), Path: api.PathData, TCPCongestion: cfg.TCPCongestion})
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +122,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 	}
 	clients := make([]*api.Client, cfg.Clients)
 	for i := range clients {
-		if clients[i], err = api.Dial(ctx, api.ClientConfig{Server: fetcher.Addr().String(), Path: api.PathData}); err != nil {
+		if clients[i], err = api.Dial(ctx, api.ClientConfig{Server: fetcher.Addr().String(), Path: api.PathData, TCPCongestion: cfg.TCPCongestion}); err != nil {
 			return nil, err
 		}
 		defer clients[i].Close()
@@ -255,6 +256,7 @@ func measureFetch(ctx context.Context, cfg Config, rc RemoteConfig, clients []*a
 type tcpRoundTrips struct {
 	conns      int
 	chainBytes int
+	congestion string // Config.TCPCongestion
 	ln         net.Listener
 	src, dst   []byte // the streaming baseline's regions, which it lends
 	meter
@@ -268,7 +270,7 @@ func newTCPRoundTrips(cfg Config, chainBytes int, src, dst []byte) (*tcpRoundTri
 	if err != nil {
 		return nil, err
 	}
-	return &tcpRoundTrips{conns: cfg.Clients, chainBytes: chainBytes, ln: ln, src: src, dst: dst}, nil
+	return &tcpRoundTrips{conns: cfg.Clients, chainBytes: chainBytes, congestion: cfg.TCPCongestion, ln: ln, src: src, dst: dst}, nil
 }
 
 func (b *tcpRoundTrips) name() string {
@@ -289,6 +291,10 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 			defer c.Close()
 			s, err := b.ln.Accept()
 			if err != nil {
+				return err
+			}
+			if err := setCongestion(b.congestion, c, s); err != nil {
+				s.Close()
 				return err
 			}
 			clients[i] = c

@@ -49,6 +49,7 @@ import time
 import numpy as np
 import torch
 
+from . import wire
 from .client import Client
 from .daemon import Daemon
 from .kvcache import PagedKVAdapter
@@ -153,7 +154,8 @@ class _RawLink:
     """A loopback TCP connection inside this process: a thread streams
     block after block into it (from the working set for get traffic, from
     one buffer for put traffic) and receive() reads one block out with
-    recv_into."""
+    recv_into. Its ends run the data channel's congestion control, so it
+    moves bytes as the client's and the node's connections do."""
 
     def __init__(self, size, frames):
         ls = socket.create_server(("127.0.0.1", 0))
@@ -162,6 +164,7 @@ class _RawLink:
         ls.close()
         for sk in (self.rx, self.tx):
             sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.set_congestion(sk, wire.DEFAULT_CONGESTION)
         self.size, self.frames = size, frames
         self._sender = threading.Thread(target=self._send, daemon=True)
         self._sender.start()

@@ -933,9 +933,9 @@ class _DataPath(_CopyingPath):
     """The framed TCP data channel: a pool of connections, one per call in
     flight, values received into and sent from the caller's memory."""
 
-    def __init__(self, host, port, timeout, max_idle, token=None, tls=None):
+    def __init__(self, host, port, timeout, max_idle, token=None, tls=None, congestion=wire.DEFAULT_CONGESTION):
         self._host, self._port, self._timeout, self._max_idle = host, port, timeout, max_idle
-        self._token, self._tls = token, tls
+        self._token, self._tls, self._congestion = token, tls, congestion
         self._idle = []
         self._lock = threading.Lock()
         self._closed = False
@@ -954,7 +954,7 @@ class _DataPath(_CopyingPath):
             if self._idle:
                 return self._idle.pop(), True
         try:
-            return wire.Conn.dial(self._host, self._port, self._timeout, self._token, self._tls), False
+            return wire.Conn.dial(self._host, self._port, self._timeout, self._token, self._tls, self._congestion), False
         except OSError as e:
             raise errors.Unavailable(f"kvpool: data channel to {self._host}:{self._port}: {e}") from e
 
@@ -1196,16 +1196,22 @@ class Client:
     `kvpool auth token` makes it; default $KVPOOL_TOKEN) identifies the
     caller on gRPC and the data channel; tls_ca (a PEM file) talks TLS on
     both, and tls_cert with tls_key present a client certificate.
+
+    tcp_congestion is the TCP congestion control of the data channel's
+    connections, which send puts' bytes: "cubic" by default, as a node's
+    (BBR's pacing stalls bursts after idle time); "host" keeps the host's.
     """
 
     def __init__(self, addr, tenant="default", namespace="default", path="auto", timeout=10.0,
                  max_idle_conns=8, verify_shared_reads=False, location_cache=True,
-                 token=None, tls_ca=None, tls_cert=None, tls_key=None):
+                 token=None, tls_ca=None, tls_cert=None, tls_key=None, tcp_congestion=None):
         if path not in PATHS and path != "tcp":
             raise errors.InvalidArgument(f"kvpool: unknown path {path!r} (want auto, shm, data or grpc)")
         if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
             raise errors.InvalidArgument("kvpool: tls_cert and tls_key go together, and need tls_ca")
         self._tenant, self._namespace = _name("tenant", tenant), _name("namespace", namespace)
+        tcp_congestion = tcp_congestion or wire.DEFAULT_CONGESTION
+        wire.validate_congestion(tcp_congestion)
         self.addr, self.timeout = addr, timeout
         host, port = _split_addr(addr)
         self._owner = True
@@ -1253,7 +1259,7 @@ class Client:
             if want == "data" and not self.info.data_channel:
                 want = "grpc"
             if want == "data":
-                self._bytes = _DataPath(host, port, timeout, max_idle_conns, self._token, self._tls)
+                self._bytes = _DataPath(host, port, timeout, max_idle_conns, self._token, self._tls, tcp_congestion)
             elif want == "grpc":
                 self._bytes = _GrpcPath(self._stub, timeout)
             self.path = want

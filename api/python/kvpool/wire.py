@@ -128,6 +128,41 @@ SPIN_SECONDS = 50e-6
 _spinner = threading.Lock()
 
 
+# The TCP congestion control of data-channel connections, as the Go
+# client's and the node's (wire.DefaultCongestion): BBR, many hosts'
+# default, paces each connection at its model of the path, and on bursts
+# after idle time that model can fall far below the link.
+DEFAULT_CONGESTION = "cubic"
+
+
+def set_congestion(sock, algo):
+    """Sets sock's TCP congestion control (Linux TCP_CONGESTION) to algo;
+    None, "" and "host" leave the host's. Raises InvalidArgument, saying
+    what the kernel has and allows, when it refuses algo."""
+    if not algo or algo == "host":
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, algo.encode())
+    except OSError as e:
+        def proc(name):
+            try:
+                with open("/proc/sys/net/ipv4/" + name) as f:
+                    return f.read().strip()
+            except OSError:
+                return "unknown"
+        raise errors.InvalidArgument(
+            f"kvpool: TCP congestion control {algo!r}: {e.strerror} (the kernel has: "
+            f"{proc('tcp_available_congestion_control')}; this process may choose: "
+            f"{proc('tcp_allowed_congestion_control')}), or use 'host'") from None
+
+
+def validate_congestion(algo):
+    """Raises InvalidArgument if set_congestion would refuse algo here:
+    tries it on a socket that connects nowhere."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        set_congestion(sock, algo)
+
+
 class Conn:
     """One data-channel connection. Not safe for concurrent use: a pool or a
     session lock serializes callers. After any I/O error, or a response with
@@ -146,12 +181,18 @@ class Conn:
         self._hdr_view = memoryview(self._hdr)
 
     @classmethod
-    def dial(cls, host, port, timeout, token=None, tls=None):
-        """Connects to a node's data channel: through TLS with tls (an
+    def dial(cls, host, port, timeout, token=None, tls=None, congestion=DEFAULT_CONGESTION):
+        """Connects to a node's data channel with TCP congestion control
+        congestion (see set_congestion), through TLS with tls (an
         ssl.SSLContext, verifying the node as host), then the preamble with
         token."""
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            set_congestion(sock, congestion)
+        except BaseException:
+            sock.close()
+            raise
         if tls is not None:
             try:
                 sock = tls.wrap_socket(sock, server_hostname=host)

@@ -312,6 +312,24 @@ def test_errors_are_builtin_kinds_too():
         kvpool.Client("no-port")
 
 
+def test_data_channel_congestion_control(node):
+    """The data channel's connections run the congestion control asked
+    for (cubic by default, as the node's); one the kernel lacks is refused
+    up front, naming what it has."""
+    import socket
+
+    for asked, want in ((None, "cubic"), ("reno", "reno")):
+        with kvpool.Client(node.addr, tenant="py", namespace="cc", path="data", tcp_congestion=asked) as c:
+            c.put(b"k", b"v" * 4096)
+            conns = c._bytes._idle
+            assert conns, "the put left no idle connection to look at"
+            got = conns[0].sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+            assert got == want, (asked, got)
+            c.remove(b"k")
+    with pytest.raises(errors.InvalidArgument, match="the kernel has"):
+        kvpool.Client(node.addr, path="data", tcp_congestion="nosuchcc")
+
+
 def test_control_calls(clients):
     c = clients["grpc"]
     keys = [f"ctl{i}".encode() for i in range(4)]

@@ -1,0 +1,105 @@
+package wire
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// CongestionHost, as a congestion control, leaves a connection with the
+// host's default (net.ipv4.tcp_congestion_control).
+const CongestionHost = "host"
+
+// DefaultCongestion is the TCP congestion control kvpool's data and
+// transfer connections use unless configured otherwise. They carry
+// blocks in bursts after idle time, over low-latency links, and are timed
+// by the cost model. BBR, the default of many hosts, paces each
+// connection at its model of the path's rate, and on such bursts that
+// model can fall far below the link: measured on loopback, one fetch of
+// a single 2 MiB block in about forty stalled 15-75 ms, its sender
+// pacing 64 KiB segments tens of milliseconds apart with the window open.
+// CUBIC does not pace and did not stall (docs/benchmarks-history.md).
+const DefaultCongestion = "cubic"
+
+// ValidateCongestion reports whether algo can be set on this host's TCP
+// connections: CongestionHost and "" always can; any other name must be
+// one the kernel offers and lets this process choose
+// (net.ipv4.tcp_allowed_congestion_control, unless the process may
+// administer the network). It opens, and closes, one socket to try.
+func ValidateCongestion(algo string) error {
+	if algo == "" || algo == CongestionHost {
+		return nil
+	}
+	if len(algo) > 15 || strings.ContainsFunc(algo, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+	}) {
+		return fmt.Errorf("TCP congestion control %q: want a kernel algorithm's name (up to 15 of [a-z0-9_-]), or %q", algo, CongestionHost)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("TCP congestion control %q: open a socket to try it: %w", algo, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo); err != nil {
+		return congestionError(algo, err)
+	}
+	return nil
+}
+
+// congestionError explains a refused TCP_CONGESTION: what the kernel has,
+// and what this process may choose.
+func congestionError(algo string, err error) error {
+	available := procLine("/proc/sys/net/ipv4/tcp_available_congestion_control")
+	allowed := procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("TCP congestion control %q: the kernel has no such algorithm (it has: %s; a module may add one, e.g. tcp_%s), or use %q: %w", algo, available, algo, CongestionHost, err)
+	case errors.Is(err, unix.EPERM):
+		return fmt.Errorf("TCP congestion control %q: not allowed to this process (allowed: %s; see net.ipv4.tcp_allowed_congestion_control), or use %q: %w", algo, allowed, CongestionHost, err)
+	}
+	return fmt.Errorf("TCP congestion control %q: %w", algo, err)
+}
+
+func procLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// SetCongestion sets the TCP congestion control of c, a TCP connection
+// or a TLS connection over one, to algo (Linux's TCP_CONGESTION). ""
+// and CongestionHost leave it as it is, and so does a c with no TCP
+// socket under it (a unix socket, an in-memory pipe).
+func SetCongestion(c net.Conn, algo string) error {
+	if algo == "" || algo == CongestionHost {
+		return nil
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		return nil
+	}
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return congestionError(algo, serr)
+	}
+	return nil
+}

@@ -88,12 +88,12 @@ type fetcher struct {
 // newPeerPool keeps data-channel connections to peers: the control plane
 // of transfers.
 // creds are how this node identifies itself to its peers (see
-// gatekeeper.peerCredentials).
-func newPeerPool(tlsFor func(addr string) *tls.Config, token string) *wire.Pool {
+// gatekeeper.peerCredentials); congestion is ServerConfig.TCPCongestion.
+func newPeerPool(tlsFor func(addr string) *tls.Config, token, congestion string) *wire.Pool {
 	return &wire.Pool{Dial: func(ctx context.Context, addr string) (*wire.Conn, error) {
 		// Status makes a peer's refusals arrive as the same sentinel
 		// errors as everywhere else (the one table).
-		return wire.Dial(ctx, addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsFor(addr), Token: token})
+		return wire.Dial(ctx, addr, wire.ConnConfig{Status: api.FromWireStatus, TLS: tlsFor(addr), Token: token, Congestion: congestion})
 	}}
 }
 

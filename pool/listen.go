@@ -58,7 +58,10 @@ func (d *doors) listen(cfg *ServerConfig) error {
 	var err error
 	d.conns = map[net.Conn]struct{}{}
 	d.congestion = cfg.TCPCongestion
-	if d.tcp, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+	// The port's connections inherit the listener's congestion control
+	// from their first packet (see wire.CongestionControl).
+	lc := net.ListenConfig{Control: wire.CongestionControl(cfg.TCPCongestion)}
+	if d.tcp, err = lc.Listen(context.Background(), "tcp", cfg.ListenAddr); err != nil {
 		return fmt.Errorf("pool: listen on %s: %w", cfg.ListenAddr, err)
 	}
 	d.grpc = newChanListener(d.tcp.Addr())
@@ -274,7 +277,9 @@ func readPreamble(c net.Conn, first *[8]byte, want [8]byte) (token string, err e
 
 // tuneTCP readies an accepted data or transfer connection to carry
 // blocks: no Nagle delay, and the node's congestion control (these
-// connections send the bytes of Gets and of peers' reads).
+// connections send the bytes of Gets and of peers' reads). They have it
+// from the listener already; setting it again costs nothing and keeps
+// the contract local.
 func (d *doors) tuneTCP(c net.Conn) {
 	if tc := tlsConnOf(c); tc != nil {
 		c = tc.NetConn()

@@ -262,7 +262,7 @@ func New(cfg Config) (*Node, error) {
 	n.fetcher = &fetcher{
 		self: cfg.NodeID, zone: cfg.Zone, hostID: n.hostID, advertise: n.advertised(), timeout: cfg.FetchTimeout,
 		store: n.blocks, cluster: view, links: n.links, pull: pull, shmPull: shmPull,
-		peers: newPeerPool(peerTLS, n.gate.peerToken), fetched: n.metrics.fetched, fetchedBlocks: n.metrics.fetchedBlocks, fetchFailures: n.metrics.fetchFailures, callOverhead: n.metrics.callOverhead, now: cfg.Now, log: log.With("component", "fetch"),
+		peers: newPeerPool(peerTLS, n.gate.peerToken, cfg.TCPCongestion), fetched: n.metrics.fetched, fetchedBlocks: n.metrics.fetchedBlocks, fetchFailures: n.metrics.fetchFailures, callOverhead: n.metrics.callOverhead, now: cfg.Now, log: log.With("component", "fetch"),
 	}
 	n.planner = &planner{cfg: &n.cfg.PlanConfig, self: cfg.NodeID, store: n.blocks, cluster: view, links: n.links,
 		load: n.engine.load, now: cfg.Now, placed: newPlacements(cfg.PlacementTTL), decisions: n.metrics.planDecisions}

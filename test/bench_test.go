@@ -467,16 +467,20 @@ func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, war
 	for i := 0; i < len(dst); i += 4096 {
 		dst[i] = 1
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// The nodes' congestion control (their default) from the first
+	// packet, so the raw connections move bytes as the transport's do.
+	lc := net.ListenConfig{Control: wire.CongestionControl(wire.DefaultCongestion)}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer ln.Close()
+	dialer := net.Dialer{Control: wire.CongestionControl(wire.DefaultCongestion)}
 	clients := make([]net.Conn, conns)
 	var served sync.WaitGroup
 	defer served.Wait()
 	for i := range clients {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := dialer.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -484,13 +488,6 @@ func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, war
 		s, err := ln.Accept()
 		if err != nil {
 			b.Fatal(err)
-		}
-		// The nodes' congestion control (their default), so the raw
-		// connections move bytes as the transport's do.
-		for _, nc := range []net.Conn{c, s} {
-			if err := wire.SetCongestion(nc, wire.DefaultCongestion); err != nil {
-				b.Fatal(err)
-			}
 		}
 		clients[i] = c
 		served.Go(func() {

@@ -74,10 +74,40 @@ func procLine(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// CongestionControl returns a net.Dialer's or net.ListenConfig's Control
+// that gives the socket congestion control algo before it connects or
+// listens (a listener's connections inherit it). That is the time to set
+// it: a connection that starts under BBR keeps BBR's pacing after it
+// changes algorithm (the kernel never turns the socket's pacing off
+// again), and paced, CUBIC scattered fetch times as much as BBR did. ""
+// and CongestionHost return nil: no Control.
+func CongestionControl(algo string) func(network, address string, c syscall.RawConn) error {
+	if algo == "" || algo == CongestionHost {
+		return nil
+	}
+	return func(network, _ string, c syscall.RawConn) error {
+		if !strings.HasPrefix(network, "tcp") {
+			return nil
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo)
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return congestionError(algo, serr)
+		}
+		return nil
+	}
+}
+
 // SetCongestion sets the TCP congestion control of c, a TCP connection
 // or a TLS connection over one, to algo (Linux's TCP_CONGESTION). ""
 // and CongestionHost leave it as it is, and so does a c with no TCP
-// socket under it (a unix socket, an in-memory pipe).
+// socket under it (a unix socket, an in-memory pipe). Prefer
+// CongestionControl, before the connection starts: one that started
+// under BBR stays paced.
 func SetCongestion(c net.Conn, algo string) error {
 	if algo == "" || algo == CongestionHost {
 		return nil

@@ -129,3 +129,50 @@ func TestDialPreambleSetsCongestion(t *testing.T) {
 		t.Errorf("dialed with %q: %q", other, got)
 	}
 }
+
+// A listener's connections inherit the congestion control its Control
+// set, from their first packet; a dialer's Control sets its own.
+func TestCongestionControlFromTheFirstPacket(t *testing.T) {
+	host := hostCongestion(t)
+	other := "reno"
+	if host == other {
+		other = DefaultCongestion
+	}
+	if CongestionControl("") != nil || CongestionControl(CongestionHost) != nil {
+		t.Error(`CongestionControl("" or host) returned a Control`)
+	}
+	lc := net.ListenConfig{Control: CongestionControl(other)}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	plain, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	if got := congestionOf(t, accepted); got != other {
+		t.Errorf("accepted from a listener with %q: %q", other, got)
+	}
+	if got := congestionOf(t, plain); got != host {
+		t.Errorf("a plain dial: %q, want the host's %q", got, host)
+	}
+	d := net.Dialer{Control: CongestionControl(other)}
+	dialed, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialed.Close()
+	if got := congestionOf(t, dialed); got != other {
+		t.Errorf("dialed with %q: %q", other, got)
+	}
+	if _, err := (&net.Dialer{Control: CongestionControl("nosuchcc")}).Dial("tcp", ln.Addr().String()); err == nil || !strings.Contains(err.Error(), "no such algorithm") {
+		t.Errorf("dialing with an unknown algorithm: %v", err)
+	}
+}

@@ -123,21 +123,17 @@ func Dial(ctx context.Context, addr string, cfg ConnConfig) (*Conn, error) {
 }
 
 // DialPreamble opens a TCP connection to addr with congestion control
-// congestion (SetCongestion), runs TLS over it when tlsConfig is set, and
+// congestion (CongestionControl), runs TLS over it when tlsConfig is set, and
 // sends preamble with token: how a data connection or a transfer
 // connection (another preamble) starts.
 func DialPreamble(ctx context.Context, addr string, preamble [8]byte, tlsConfig *tls.Config, token, congestion string) (net.Conn, error) {
-	var d net.Dialer
+	d := net.Dialer{Control: CongestionControl(congestion)}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
-	}
-	if err := SetCongestion(nc, congestion); err != nil {
-		nc.Close()
-		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)

@@ -636,7 +636,7 @@ func newTCPBaseline(cfg Config) (*tcpBaseline, error) {
 		}
 	}
 	fillValue(b.src, 99)
-	if b.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+	if b.ln, err = listenTCP(cfg.TCPCongestion); err != nil {
 		b.close()
 		return nil, err
 	}
@@ -650,14 +650,18 @@ func (b *tcpBaseline) name() string {
 	return "raw-tcp" // RunRemote names where a fetch's regions are
 }
 
-// setCongestion gives each of conns the run's TCP congestion control.
-func setCongestion(algo string, conns ...net.Conn) error {
-	for _, c := range conns {
-		if err := wire.SetCongestion(c, algo); err != nil {
-			return err
-		}
-	}
-	return nil
+// listenTCP listens on a free loopback port whose connections run
+// congestion control algo from their first packet, as a node's do.
+func listenTCP(algo string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: wire.CongestionControl(algo)}
+	return lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+}
+
+// dialTCP connects to addr with congestion control algo from the first
+// packet, as kvpool's clients and transports do.
+func dialTCP(addr, algo string) (net.Conn, error) {
+	d := net.Dialer{Control: wire.CongestionControl(algo)}
+	return d.Dial("tcp", addr)
 }
 
 // pair returns both ends of one loopback connection. Dial and accept run
@@ -665,16 +669,11 @@ func setCongestion(algo string, conns ...net.Conn) error {
 func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if client, err = net.Dial("tcp", b.ln.Addr().String()); err != nil {
+	if client, err = dialTCP(b.ln.Addr().String(), b.cfg.TCPCongestion); err != nil {
 		return nil, nil, err
 	}
 	if server, err = b.ln.Accept(); err != nil {
 		client.Close()
-		return nil, nil, err
-	}
-	if err := setCongestion(b.cfg.TCPCongestion, client, server); err != nil {
-		client.Close()
-		server.Close()
 		return nil, nil, err
 	}
 	return client, server, nil
@@ -786,14 +785,11 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 		op = wire.OpSink
 	}
 	return b.timed(p, "baseline link", d, b.cfg.Clients, func(_ int, deadline time.Time, total *atomic.Int64) error {
-		c, err := net.Dial("tcp", b.server)
+		c, err := dialTCP(b.server, b.cfg.TCPCongestion)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		if err := wire.SetCongestion(c, b.cfg.TCPCongestion); err != nil {
-			return err
-		}
 		if _, err := c.Write(wire.Preamble[:]); err != nil {
 			return err
 		}

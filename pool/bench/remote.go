@@ -266,7 +266,7 @@ func newTCPRoundTrips(cfg Config, chainBytes int, src, dst []byte) (*tcpRoundTri
 	if chainBytes > len(src) || chainBytes > len(dst) {
 		return nil, fmt.Errorf("%w: a %d-byte chain is larger than the %d-byte working set", api.ErrInvalidArgument, chainBytes, len(src))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenTCP(cfg.TCPCongestion)
 	if err != nil {
 		return nil, err
 	}
@@ -284,17 +284,13 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 		var served sync.WaitGroup
 		defer served.Wait()
 		for i := range clients {
-			c, err := net.Dial("tcp", b.ln.Addr().String())
+			c, err := dialTCP(b.ln.Addr().String(), b.congestion)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			s, err := b.ln.Accept()
 			if err != nil {
-				return err
-			}
-			if err := setCongestion(b.congestion, c, s); err != nil {
-				s.Close()
 				return err
 			}
 			clients[i] = c

@@ -159,12 +159,12 @@ class _RawLink:
 
     def __init__(self, size, frames):
         ls = socket.create_server(("127.0.0.1", 0))
-        self.rx = socket.create_connection(ls.getsockname())
+        wire.set_congestion(ls, wire.DEFAULT_CONGESTION)  # tx inherits it
+        self.rx = wire.connect(*ls.getsockname(), None)
         self.tx, _ = ls.accept()
         ls.close()
         for sk in (self.rx, self.tx):
             sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.set_congestion(sk, wire.DEFAULT_CONGESTION)
         self.size, self.frames = size, frames
         self._sender = threading.Thread(target=self._send, daemon=True)
         self._sender.start()

@@ -156,6 +156,27 @@ def set_congestion(sock, algo):
             f"{proc('tcp_allowed_congestion_control')}), or use 'host'") from None
 
 
+def connect(host, port, timeout, congestion=DEFAULT_CONGESTION):
+    """socket.create_connection, with congestion control congestion set
+    before the handshake: a connection that starts under BBR keeps BBR's
+    pacing after it changes algorithm."""
+    last = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            set_congestion(sock, congestion)
+            sock.settimeout(timeout)
+            sock.connect(addr)
+            return sock
+        except errors.InvalidArgument:
+            sock.close()
+            raise
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last if last is not None else OSError(f"no address for {host}:{port}")
+
+
 def validate_congestion(algo):
     """Raises InvalidArgument if set_congestion would refuse algo here:
     tries it on a socket that connects nowhere."""
@@ -186,13 +207,8 @@ class Conn:
         congestion (see set_congestion), through TLS with tls (an
         ssl.SSLContext, verifying the node as host), then the preamble with
         token."""
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = connect(host, port, timeout, congestion)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            set_congestion(sock, congestion)
-        except BaseException:
-            sock.close()
-            raise
         if tls is not None:
             try:
                 sock = tls.wrap_socket(sock, server_hostname=host)

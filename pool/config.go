@@ -117,10 +117,13 @@ type ServerConfig struct {
 	// (wire.DefaultCongestion): BBR, many hosts' default, paces each
 	// connection at its model of the path, and on fetches (bursts after
 	// idle) that model can fall far below the link. Measured on
-	// loopback: 1-2 in 160 fetches stalled 15-75 ms under BBR, none under
-	// CUBIC, and fetch times scattered less (docs/benchmarks-history.md).
-	// "host" keeps the host's default. New refuses an algorithm the
-	// kernel does not have or does not allow this process.
+	// loopback: up to four of forty single-block fetches stalled 15-75 ms
+	// under BBR, none under CUBIC, and fetch times scattered less
+	// (docs/benchmarks-history.md). The node sets it on its listener and
+	// dialers, before the handshake: a connection that starts under BBR
+	// stays paced after it switches. "host" keeps the host's default. New
+	// refuses an algorithm the kernel does not have or does not allow
+	// this process.
 	TCPCongestion string
 }
 

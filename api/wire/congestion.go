@@ -21,8 +21,8 @@ const CongestionHost = "host"
 // blocks in bursts after idle time, over low-latency links, and are timed
 // by the cost model. BBR, the default of many hosts, paces each
 // connection at its model of the path's rate, and on such bursts that
-// model can fall far below the link: measured on loopback, one fetch of
-// a single 2 MiB block in about forty stalled 15-75 ms, its sender
+// model can fall far below the link: measured on loopback, up to four of
+// forty fetches of a single 2 MiB block stalled 15-75 ms, the sender
 // pacing 64 KiB segments tens of milliseconds apart with the window open.
 // CUBIC does not pace and did not stall (docs/benchmarks-history.md).
 const DefaultCongestion = "cubic"

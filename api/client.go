@@ -125,8 +125,9 @@ type ClientConfig struct {
 	// TCPCongestion is the TCP congestion control of the data channel's
 	// connections (Linux TCP_CONGESTION): they send Puts' bytes. Default
 	// "cubic", as a node's (wire.DefaultCongestion: BBR's pacing stalls
-	// bursts after idle time); "host" keeps the host's. Dial refuses an
-	// algorithm the kernel does not have or does not allow this process.
+	// bursts after idle time), or the host's where this process may not
+	// set it; "host" keeps the host's. Dial refuses an algorithm named
+	// here that the kernel does not have or does not allow this process.
 	TCPCongestion string
 }
 
@@ -188,9 +189,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.SpinWait == 0 {
 		cfg.SpinWait = 50 * time.Microsecond
 	}
-	if cfg.TCPCongestion == "" {
-		cfg.TCPCongestion = wire.DefaultCongestion
-	}
+	cfg.TCPCongestion = wire.CongestionOrDefault(cfg.TCPCongestion)
 	if err := wire.ValidateCongestion(cfg.TCPCongestion); err != nil {
 		return nil, fmt.Errorf("%w: client: %v", ErrInvalidArgument, err)
 	}

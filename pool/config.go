@@ -123,7 +123,8 @@ type ServerConfig struct {
 	// dialers, before the handshake: a connection that starts under BBR
 	// stays paced after it switches. "host" keeps the host's default. New
 	// refuses an algorithm the kernel does not have or does not allow
-	// this process.
+	// this process, but where the default is not to be had it logs a
+	// warning and keeps the host's.
 	TCPCongestion string
 }
 
@@ -299,9 +300,7 @@ func (c *ServerConfig) fill(nodeID string) {
 	if c.SpinWait == 0 {
 		c.SpinWait = 100 * time.Microsecond
 	}
-	if c.TCPCongestion == "" {
-		c.TCPCongestion = wire.DefaultCongestion
-	}
+	c.TCPCongestion = wire.CongestionOrDefault(c.TCPCongestion)
 	if c.GetChunkBytes == 0 {
 		c.GetChunkBytes = 1 << 20
 	}

@@ -107,6 +107,7 @@ const ShutdownGrace = 5 * time.Second
 // New validates cfg, maps the segment, binds the listeners and wires the
 // components together.
 func New(cfg Config) (*Node, error) {
+	congestionDefaulted := cfg.TCPCongestion == ""
 	cfg.fillDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -119,6 +120,9 @@ func New(cfg Config) (*Node, error) {
 		}
 	})).With("node", cfg.NodeID)
 	n.log = log.With("component", "pool")
+	if congestionDefaulted && cfg.TCPCongestion == wire.CongestionHost {
+		n.log.Warn("TCP congestion control "+wire.DefaultCongestion+" is not available to this process; the connections run the host's default", "err", wire.ValidateCongestion(wire.DefaultCongestion))
+	}
 	var words []uint64
 	var err error
 	if !cfg.DisableShm {

@@ -469,13 +469,14 @@ func rawTCPRoundTrips(b *testing.B, conns int, lengths []int, block, rounds, war
 	}
 	// The nodes' congestion control (their default) from the first
 	// packet, so the raw connections move bytes as the transport's do.
-	lc := net.ListenConfig{Control: wire.CongestionControl(wire.DefaultCongestion)}
+	congestion := wire.CongestionOrDefault("")
+	lc := net.ListenConfig{Control: wire.CongestionControl(congestion)}
 	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer ln.Close()
-	dialer := net.Dialer{Control: wire.CongestionControl(wire.DefaultCongestion)}
+	dialer := net.Dialer{Control: wire.CongestionControl(congestion)}
 	clients := make([]net.Conn, conns)
 	var served sync.WaitGroup
 	defer served.Wait()

@@ -27,6 +27,22 @@ const CongestionHost = "host"
 // CUBIC does not pace and did not stall (docs/benchmarks-history.md).
 const DefaultCongestion = "cubic"
 
+// CongestionOrDefault returns algo, or for "" DefaultCongestion where
+// this process may set it and CongestionHost where it may not (a kernel
+// without it, or a process that may only choose among
+// net.ipv4.tcp_allowed_congestion_control): a default never stops a node
+// or a client from starting. An algorithm asked for by name is returned
+// as it is, for ValidateCongestion to judge.
+func CongestionOrDefault(algo string) string {
+	if algo != "" {
+		return algo
+	}
+	if ValidateCongestion(DefaultCongestion) != nil {
+		return CongestionHost
+	}
+	return DefaultCongestion
+}
+
 // ValidateCongestion reports whether algo can be set on this host's TCP
 // connections: CongestionHost and "" always can; any other name must be
 // one the kernel offers and lets this process choose

@@ -176,3 +176,18 @@ func TestCongestionControlFromTheFirstPacket(t *testing.T) {
 		t.Errorf("dialing with an unknown algorithm: %v", err)
 	}
 }
+
+// The default where this host allows it (it does here: the suite's nodes
+// run it); a name asked for is left for ValidateCongestion to judge.
+func TestCongestionOrDefault(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", DefaultCongestion},
+		{CongestionHost, CongestionHost},
+		{"reno", "reno"},
+		{"nosuchcc", "nosuchcc"},
+	} {
+		if got := CongestionOrDefault(tc.in); got != tc.want {
+			t.Errorf("CongestionOrDefault(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

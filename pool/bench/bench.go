@@ -167,9 +167,7 @@ func (c *Config) fill() error {
 	if c.CapacityBytes == 0 {
 		c.CapacityBytes = 4 << 30
 	}
-	if c.TCPCongestion == "" {
-		c.TCPCongestion = wire.DefaultCongestion
-	}
+	c.TCPCongestion = wire.CongestionOrDefault(c.TCPCongestion)
 	if err := wire.ValidateCongestion(c.TCPCongestion); err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalidArgument, err)
 	}

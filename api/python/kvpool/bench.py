@@ -159,7 +159,7 @@ class _RawLink:
 
     def __init__(self, size, frames):
         ls = socket.create_server(("127.0.0.1", 0))
-        wire.set_congestion(ls, wire.DEFAULT_CONGESTION)  # tx inherits it
+        wire.set_congestion(ls, wire.congestion_or_default(None))  # tx inherits it
         self.rx = wire.connect(*ls.getsockname(), None)
         self.tx, _ = ls.accept()
         ls.close()

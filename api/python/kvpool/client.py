@@ -1199,7 +1199,8 @@ class Client:
 
     tcp_congestion is the TCP congestion control of the data channel's
     connections, which send puts' bytes: "cubic" by default, as a node's
-    (BBR's pacing stalls bursts after idle time); "host" keeps the host's.
+    (BBR's pacing stalls bursts after idle time), or the host's where this
+    process may not set it; "host" keeps the host's.
     """
 
     def __init__(self, addr, tenant="default", namespace="default", path="auto", timeout=10.0,
@@ -1210,7 +1211,7 @@ class Client:
         if (tls_cert is None) != (tls_key is None) or (tls_cert is not None and tls_ca is None):
             raise errors.InvalidArgument("kvpool: tls_cert and tls_key go together, and need tls_ca")
         self._tenant, self._namespace = _name("tenant", tenant), _name("namespace", namespace)
-        tcp_congestion = tcp_congestion or wire.DEFAULT_CONGESTION
+        tcp_congestion = wire.congestion_or_default(tcp_congestion)
         wire.validate_congestion(tcp_congestion)
         self.addr, self.timeout = addr, timeout
         host, port = _split_addr(addr)

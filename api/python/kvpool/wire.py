@@ -177,6 +177,18 @@ def connect(host, port, timeout, congestion=DEFAULT_CONGESTION):
     raise last if last is not None else OSError(f"no address for {host}:{port}")
 
 
+def congestion_or_default(algo):
+    """algo, or for None and "" DEFAULT_CONGESTION where this process may
+    set it and "host" where it may not: a default never stops a client."""
+    if algo:
+        return algo
+    try:
+        validate_congestion(DEFAULT_CONGESTION)
+    except errors.InvalidArgument:
+        return "host"
+    return DEFAULT_CONGESTION
+
+
 def validate_congestion(algo):
     """Raises InvalidArgument if set_congestion would refuse algo here:
     tries it on a socket that connects nowhere."""

@@ -8,8 +8,6 @@ import (
 	"os"
 	"strings"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // CongestionHost, as a congestion control, leaves a connection with the
@@ -57,12 +55,12 @@ func ValidateCongestion(algo string) error {
 	}) {
 		return fmt.Errorf("TCP congestion control %q: want a kernel algorithm's name (up to 15 of [a-z0-9_-]), or %q", algo, CongestionHost)
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("TCP congestion control %q: open a socket to try it: %w", algo, err)
 	}
-	defer unix.Close(fd)
-	if err := unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo); err != nil {
+	defer syscall.Close(fd)
+	if err := syscall.SetsockoptString(fd, syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, algo); err != nil {
 		return congestionError(algo, err)
 	}
 	return nil
@@ -74,9 +72,9 @@ func congestionError(algo string, err error) error {
 	available := procLine("/proc/sys/net/ipv4/tcp_available_congestion_control")
 	allowed := procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 	switch {
-	case errors.Is(err, unix.ENOENT):
+	case errors.Is(err, syscall.ENOENT):
 		return fmt.Errorf("TCP congestion control %q: the kernel has no such algorithm (it has: %s; a module may add one, e.g. tcp_%s), or use %q: %w", algo, available, algo, CongestionHost, err)
-	case errors.Is(err, unix.EPERM):
+	case errors.Is(err, syscall.EPERM):
 		return fmt.Errorf("TCP congestion control %q: not allowed to this process (allowed: %s; see net.ipv4.tcp_allowed_congestion_control), or use %q: %w", algo, allowed, CongestionHost, err)
 	}
 	return fmt.Errorf("TCP congestion control %q: %w", algo, err)
@@ -107,7 +105,7 @@ func CongestionControl(algo string) func(network, address string, c syscall.RawC
 		}
 		var serr error
 		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo)
+			serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, algo)
 		}); err != nil {
 			return err
 		}
@@ -140,7 +138,7 @@ func SetCongestion(c net.Conn, algo string) error {
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, algo)
+		serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, algo)
 	}); err != nil {
 		return err
 	}

@@ -103,16 +103,7 @@ func CongestionControl(algo string) func(network, address string, c syscall.RawC
 		if !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, algo)
-		}); err != nil {
-			return err
-		}
-		if serr != nil {
-			return congestionError(algo, serr)
-		}
-		return nil
+		return setOn(c, algo)
 	}
 }
 
@@ -136,6 +127,11 @@ func SetCongestion(c net.Conn, algo string) error {
 	if err != nil {
 		return err
 	}
+	return setOn(rc, algo)
+}
+
+// setOn sets the congestion control of rc's socket to algo.
+func setOn(rc syscall.RawConn, algo string) error {
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, algo)

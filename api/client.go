@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -163,9 +164,10 @@ type Client struct {
 	// path's own when it is the data channel); nil: Fetch is a gRPC call
 	// (PathGRPC, or a node without Fetch frames).
 	fetches *dataPath
-	// fetchOverhead is what the last Fetch that pulled anything cost
-	// beyond the node's fetch, in nanoseconds; the next Fetch reports it.
-	fetchOverhead atomic.Int64
+	// lastFetch is what the last Fetch that pulled anything cost beyond
+	// the node's fetch, and how many keys it asked for (a fetchReport);
+	// the next Fetch reports it.
+	lastFetch atomic.Uint64
 
 	holders holderClients // GetDirect's clients of other nodes
 
@@ -338,16 +340,16 @@ type FetchResult struct {
 // learn from, so that its plans predict the wait a caller sees.
 func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration) ([]FetchResult, error) {
 	start := time.Now()
-	overhead := time.Duration(c.fetchOverhead.Load())
+	report := fetchReport(c.lastFetch.Load())
 	var out []FetchResult
 	if c.fetches != nil {
 		var err error
-		if out, err = c.fetches.fetch(ctx, tenant, namespace, keys, timeout, overhead); err != nil {
+		if out, err = c.fetches.fetch(ctx, tenant, namespace, keys, timeout, report); err != nil {
 			return nil, err
 		}
 	} else {
 		resp, err := c.rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: tenant, Namespace: namespace, Keys: keys, TimeoutMs: uint32(timeout / time.Millisecond),
-			PreviousCallOverheadUs: uint64(overhead / time.Microsecond)})
+			PreviousCallOverheadUs: report.overheadUs(), PreviousCallBlocks: report.blocks()})
 		if err != nil {
 			return nil, FromStatus(err)
 		}
@@ -358,10 +360,26 @@ func (c *Client) Fetch(ctx context.Context, tenant, namespace string, keys [][]b
 		}
 	}
 	if d, ok := callOverhead(time.Since(start), out); ok {
-		c.fetchOverhead.Store(int64(d))
+		c.lastFetch.Store(uint64(newFetchReport(d, len(keys))))
 	}
 	return out, nil
 }
+
+// fetchReport is what a client tells the node of its previous Fetch, as
+// the data channel's header carries it (wire.Request.CallOverheadUs and
+// PreviousCallBlocks): in the low 32 bits what the call cost beyond the
+// node's fetch, in microseconds (saturated), in the high 32 how many
+// keys it asked for. Packed, one atomic word holds both, so the two a
+// Fetch reports always belong to one call. 0: nothing to report.
+type fetchReport uint64
+
+func newFetchReport(overhead time.Duration, blocks int) fetchReport {
+	us := min(uint64(max(overhead, 0)/time.Microsecond), math.MaxUint32)
+	return fetchReport(us | uint64(min(max(blocks, 0), math.MaxUint32))<<32)
+}
+
+func (r fetchReport) overheadUs() uint64 { return uint64(r) & math.MaxUint32 }
+func (r fetchReport) blocks() uint32     { return uint32(r >> 32) }
 
 // callOverhead returns what a Fetch call that took call cost beyond the
 // node's longest fetch among its results, and false when the node pulled

@@ -243,13 +243,13 @@ func (p *dataPath) remove(ctx context.Context, tenant, namespace string, keys []
 // call's overhead.
 // overhead is what the client's previous Fetch cost beyond the node's
 // fetch (0: unknown), which the frame reports to the node.
-func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout, overhead time.Duration) ([]FetchResult, error) {
+func (p *dataPath) fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration, report fetchReport) ([]FetchResult, error) {
 	if err := ValidateChain(tenant, namespace, keys); err != nil {
 		return nil, err
 	}
 	var out []FetchResult
 	err := p.withConn(ctx, func(c *wire.Conn) (err error) {
-		out, err = fetchOver(ctx, c, tenant, namespace, keys, timeout, overhead)
+		out, err = fetchOver(ctx, c, tenant, namespace, keys, timeout, report)
 		return err
 	})
 	return out, err
@@ -266,14 +266,14 @@ func FetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys
 	return fetchOver(ctx, c, tenant, namespace, keys, timeout, 0)
 }
 
-// fetchOver is FetchOver reporting overhead, what the caller's previous
-// Fetch cost beyond the node's fetch (0: unknown).
-func fetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys [][]byte, timeout, overhead time.Duration) ([]FetchResult, error) {
+// fetchOver is FetchOver reporting what the caller's previous Fetch cost
+// beyond the node's fetch, and its length (0: unknown).
+func fetchOver(ctx context.Context, c *wire.Conn, tenant, namespace string, keys [][]byte, timeout time.Duration, report fetchReport) ([]FetchResult, error) {
 	chain := wire.AppendChain(nil, keys)
 	defer c.Bind(ctx)()
 	c.Queue(&wire.Request{Op: wire.OpFetch, Tenant: []byte(tenant), Namespace: []byte(namespace),
 		ValueLen: uint64(len(chain)), TimeoutMs: uint32(min(timeout/time.Millisecond, math.MaxUint32)),
-		CallOverheadUs: uint64(max(overhead, 0) / time.Microsecond)})
+		CallOverheadUs: report.overheadUs(), PreviousCallBlocks: report.blocks()})
 	if err := c.Flush(chain); err != nil {
 		return nil, ioError(ctx, "fetch", err)
 	}

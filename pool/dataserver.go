@@ -800,7 +800,7 @@ func (d *dataConn) fetchChain() error {
 		d.respondClose(api.Errorf(api.ErrInvalidArgument, "%v", err))
 		return err
 	}
-	d.s.fetch.ReportCallOverhead(overheadFromMicros(r.CallOverheadUs))
+	d.s.fetch.ReportCallOverhead(overheadFromMicros(r.CallOverheadUs), int(r.PreviousCallBlocks))
 	// Pulling from peers takes as long as it takes (the fetch's timeout
 	// bounds it), not the connection's I/O deadline.
 	d.c.SetDeadline(time.Time{})

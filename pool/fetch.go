@@ -148,7 +148,7 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 	}
 	var (
 		mu    sync.Mutex
-		after []func(answering time.Duration) // each holder's bookkeeping, run once out is answered
+		after []func(beyond time.Duration) // each holder's bookkeeping, run once out is answered
 	)
 	api.PullFromHolders(ctx, holders, errs, func(h metadata.NodeRecord) string { return h.ID },
 		func(ctx context.Context, h metadata.NodeRecord, items []int) []error {
@@ -164,16 +164,16 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 		out[i].Err = errs[i]
 	}
 	// What answering took counts in the links' fits, or what the callers
-	// report their calls cost beyond the fetch once they have: a fetch is
-	// over for its caller when the answer has reached it, and that is
-	// what Plan predicts.
+	// report calls of this length cost beyond the fetch once they have: a
+	// fetch is over for its caller when the answer has reached it, and
+	// that is what Plan predicts.
 	final := time.Now()
 	if answer != nil {
 		answer(out)
 	}
-	answering := time.Since(final)
+	beyond := f.overheads.beyond(time.Since(final), len(keys))
 	for _, done := range after {
-		done(answering)
+		done(beyond)
 	}
 	// The keys come as a chain: Locate, once the blocks are here, tells
 	// prefix-aware policies who follows whom.
@@ -182,11 +182,11 @@ func (f *fetcher) Fetch(ctx context.Context, tenant, namespace string, keys [][]
 }
 
 // ReportCallOverhead takes a caller's report of how much longer its
-// previous Fetch took, timed around the call, than this node's fetch:
-// the part of its wait the node cannot time (see callOverheads). An
-// implausible report is ignored.
-func (f *fetcher) ReportCallOverhead(d time.Duration) {
-	if !f.overheads.report(d) || f.callOverhead == nil {
+// previous Fetch, of blocks keys (0: not said), took, timed around the
+// call, than this node's fetch: the part of its wait the node cannot
+// time (see callOverheads). An implausible report is ignored.
+func (f *fetcher) ReportCallOverhead(d time.Duration, blocks int) {
+	if !f.overheads.report(d, blocks) || f.callOverhead == nil {
 		return
 	}
 	if m, ok := f.overheads.median(); ok {
@@ -222,7 +222,8 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // in out and returning each item's error, and the bookkeeping that is left
 // once the results are final (nil: none): the pins' release, the
 // connection's return to the pool, the link's observations. The caller
-// runs it, once, after it has answered, with the time answering took.
+// runs it, once, after it has answered, with what the fetch cost its
+// caller beyond the node's own timing (callOverheads.beyond).
 // begin is when the Fetch began: the link's fit of a fetch's fixed cost
 // counts what came before the pull too.
 //
@@ -232,7 +233,7 @@ func (f *fetcher) transportTo(peer metadata.NodeRecord) (transfer.Transport, str
 // with the bytes, not a pin round trip. Otherwise, and for the blocks
 // whose size turns out to differ, the holder pins them first over the
 // data channel and the transport reads the pinned ranges.
-func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(answering time.Duration)) {
+func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(beyond time.Duration)) {
 	tr, peer := f.transportTo(holder)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -264,18 +265,18 @@ func (f *fetcher) pullFrom(ctx context.Context, holder metadata.NodeRecord, tena
 		errs[k] = subErrs[j]
 	}
 	done := p.after(f)
-	return errs, func(answering time.Duration) {
+	return errs, func(beyond time.Duration) {
 		if done != nil {
-			done(answering)
+			done(beyond)
 		}
 		if subAfter != nil {
-			subAfter(answering)
+			subAfter(beyond)
 		}
 	}
 }
 
 // pullPinned is pullFrom's pull of blocks pinned on the holder first.
-func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr transfer.Transport, peer, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(answering time.Duration)) {
+func (f *fetcher) pullPinned(ctx context.Context, holder metadata.NodeRecord, tr transfer.Transport, peer, tenant, namespace string, keys [][]byte, items []int, timeout time.Duration, begin time.Time, out []api.FetchResult) (_ []error, after func(beyond time.Duration)) {
 	addr := holder.Addrs[addrGRPC]
 	start := time.Now()
 	fail := func(err error) []error {
@@ -452,13 +453,13 @@ func (p *pull) run(ctx context.Context, f *fetcher, keys [][]byte, items []int, 
 // pins' release, and the link's observations. The link's estimate is what
 // a fetch delivers: bytes read and committed, usable here, per second
 // after the first response (the cost model plans fetches with it).
-func (p *pull) after(f *fetcher) func(answering time.Duration) {
+func (p *pull) after(f *fetcher) func(beyond time.Duration) {
 	batch, holder := p.batch, p.holder
 	observe := len(p.ops) > 0 && (p.werr == nil || batch.Bytes() > 0)
 	if !observe && p.release == nil {
 		return nil
 	}
-	return func(answering time.Duration) {
+	return func(beyond time.Duration) {
 		if p.release != nil {
 			p.release()
 		}
@@ -481,7 +482,7 @@ func (p *pull) after(f *fetcher) func(answering time.Duration) {
 			// The whole fetch, from the call to the commits and the
 			// answer in the caller's hands, fits the link's fixed and
 			// per-block costs.
-			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+f.overheads.beyond(answering), p.end)
+			f.links.ObserveFetch(holder.ID, len(p.ops), int64(batch.Bytes()), p.end.Sub(p.begin)+beyond, p.end)
 		}
 		f.log.Debug("fetched", "holder", holder.ID, "bytes", batch.Bytes(), "named", p.named(), "before_read", p.t0.Sub(p.begin),
 			"first_response", first.Sub(p.t0), "read_and_commit", p.end.Sub(p.t0))

@@ -69,9 +69,10 @@ type chainFetcher interface {
 	// are final, and returns them after its bookkeeping.
 	Fetch(ctx context.Context, tenant, namespace string, keys [][]byte, timeout time.Duration, answer func([]api.FetchResult)) ([]api.FetchResult, error)
 	// ReportCallOverhead takes a caller's report of how much longer its
-	// previous Fetch took than the node's own timing of it; a report of
-	// 0 (the caller does not know) is ignored.
-	ReportCallOverhead(d time.Duration)
+	// previous Fetch, of blocks keys (0: not said), took than the node's
+	// own timing of it; a report of 0 (the caller does not know) is
+	// ignored.
+	ReportCallOverhead(d time.Duration, blocks int)
 	Route(tenant, namespace string, keys [][]byte) ([][]api.Holder, error)
 }
 
@@ -436,7 +437,7 @@ func (s *kvService) ReportLoad(_ context.Context, req *kvpoolv1.ReportLoadReques
 }
 
 func (s *kvService) Fetch(ctx context.Context, req *kvpoolv1.FetchRequest) (*kvpoolv1.FetchResponse, error) {
-	s.fetch.ReportCallOverhead(overheadFromMicros(req.GetPreviousCallOverheadUs()))
+	s.fetch.ReportCallOverhead(overheadFromMicros(req.GetPreviousCallOverheadUs()), int(req.GetPreviousCallBlocks()))
 	res, err := s.fetch.Fetch(ctx, req.GetTenant(), req.GetNamespace(), req.GetKeys(), time.Duration(req.GetTimeoutMs())*time.Millisecond, nil)
 	if err != nil {
 		return nil, err

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"syscall"
 )
@@ -254,12 +255,19 @@ type Request struct {
 	// CallOverheadUs, on a Fetch, is how much longer the client's
 	// previous Fetch took, timed around its call, than the node said
 	// its fetch took (FetchResult.Took), in microseconds; 0 when the
-	// client does not know. It shares the header field with Handle,
-	// which a Fetch does not carry.
-	CallOverheadUs uint64
-	Tenant         []byte
-	Namespace      []byte
-	Key            []byte
+	// client does not know. PreviousCallBlocks is how many keys that
+	// call asked for (0: not said): what a call costs beyond the node's
+	// fetch grows with its chain (the answer's results, and the node's
+	// bookkeeping of more blocks on the same cores). The two share the
+	// header field with Handle, which a Fetch does not carry: the
+	// overhead its low 32 bits (AppendRequest saturates it), the blocks
+	// its high 32, so a client that sends only an overhead says no
+	// blocks.
+	CallOverheadUs     uint64
+	PreviousCallBlocks uint32
+	Tenant             []byte
+	Namespace          []byte
+	Key                []byte
 }
 
 // ErrProtocol marks a malformed frame; the connection cannot continue.
@@ -276,7 +284,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 	binary.LittleEndian.PutUint32(h[8:], r.CRC)
 	binary.LittleEndian.PutUint32(h[12:], r.Replicas|r.LeaseMs|r.TimeoutMs)
 	binary.LittleEndian.PutUint64(h[16:], r.ValueLen)
-	binary.LittleEndian.PutUint64(h[24:], r.Handle|r.CallOverheadUs)
+	binary.LittleEndian.PutUint64(h[24:], r.Handle|min(r.CallOverheadUs, math.MaxUint32)|uint64(r.PreviousCallBlocks)<<32)
 	b = append(b, h[:]...)
 	b = append(b, r.Tenant...)
 	b = append(b, r.Namespace...)
@@ -299,9 +307,9 @@ func DecodeRequestHeader(h []byte, r *Request) (int, error) {
 	r.Replicas, r.LeaseMs, r.TimeoutMs = 0, 0, 0
 	r.ValueLen = binary.LittleEndian.Uint64(h[16:])
 	r.Handle = binary.LittleEndian.Uint64(h[24:])
-	r.CallOverheadUs = 0
+	r.CallOverheadUs, r.PreviousCallBlocks = 0, 0
 	if r.Op == OpFetch {
-		r.Handle, r.CallOverheadUs = 0, r.Handle
+		r.Handle, r.CallOverheadUs, r.PreviousCallBlocks = 0, r.Handle&math.MaxUint32, uint32(r.Handle>>32)
 	}
 	switch {
 	case r.Op == opInvalid || r.Op >= opCount:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"testing"
 )
 
@@ -30,15 +31,30 @@ func TestLeaseAndForceRoundTrip(t *testing.T) {
 		{Op: OpCommit, Flags: FlagChecksum, Replicas: 3, Handle: 9},
 		{Op: OpFetch, TimeoutMs: 2500, ValueLen: 12, Tenant: []byte("t"), Namespace: []byte("n")},
 		{Op: OpFetch, ValueLen: 12, CallOverheadUs: 87, Tenant: []byte("t"), Namespace: []byte("n")},
+		{Op: OpFetch, ValueLen: 12, CallOverheadUs: 87, PreviousCallBlocks: 64, Tenant: []byte("t"), Namespace: []byte("n")},
+		{Op: OpFetch, ValueLen: 12, CallOverheadUs: math.MaxUint32, PreviousCallBlocks: math.MaxUint32, Tenant: []byte("t"), Namespace: []byte("n")},
 	} {
 		var out Request
 		if err := ReadRequest(bytes.NewReader(AppendRequest(nil, &in)), make([]byte, RequestBufferBytes), &out); err != nil {
 			t.Fatalf("%v: %v", in.Op, err)
 		}
 		if out.Op != in.Op || out.Flags != in.Flags || out.LeaseMs != in.LeaseMs || out.Replicas != in.Replicas || out.Handle != in.Handle || out.TimeoutMs != in.TimeoutMs ||
-			out.CallOverheadUs != in.CallOverheadUs {
+			out.CallOverheadUs != in.CallOverheadUs || out.PreviousCallBlocks != in.PreviousCallBlocks {
 			t.Errorf("round trip: got %+v, want %+v", out, in)
 		}
+	}
+}
+
+// An overhead past the header's 32 bits saturates rather than spill into
+// the previous call's block count.
+func TestCallOverheadSaturates(t *testing.T) {
+	in := Request{Op: OpFetch, ValueLen: 12, CallOverheadUs: 1 << 40, PreviousCallBlocks: 3, Tenant: []byte("t"), Namespace: []byte("n")}
+	var out Request
+	if err := ReadRequest(bytes.NewReader(AppendRequest(nil, &in)), make([]byte, RequestBufferBytes), &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.CallOverheadUs != math.MaxUint32 || out.PreviousCallBlocks != 3 {
+		t.Fatalf("got overhead %d, blocks %d; want %d, 3", out.CallOverheadUs, out.PreviousCallBlocks, uint64(math.MaxUint32))
 	}
 }
 

@@ -2048,8 +2048,12 @@ type FetchRequest struct {
 	// known). The node adds what its callers report to the fetch times its
 	// links' fits learn, so that Plan predicts the wait a caller sees.
 	PreviousCallOverheadUs uint64 `protobuf:"varint,5,opt,name=previous_call_overhead_us,json=previousCallOverheadUs,proto3" json:"previous_call_overhead_us,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// How many keys that previous call asked for (0: not said). What a
+	// call costs beyond the node's fetch grows with its chain, so the node
+	// keeps its callers' reports by chain length.
+	PreviousCallBlocks uint32 `protobuf:"varint,6,opt,name=previous_call_blocks,json=previousCallBlocks,proto3" json:"previous_call_blocks,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *FetchRequest) Reset() {
@@ -2113,6 +2117,13 @@ func (x *FetchRequest) GetTimeoutMs() uint32 {
 func (x *FetchRequest) GetPreviousCallOverheadUs() uint64 {
 	if x != nil {
 		return x.PreviousCallOverheadUs
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetPreviousCallBlocks() uint32 {
+	if x != nil {
+		return x.PreviousCallBlocks
 	}
 	return 0
 }
@@ -3453,14 +3464,15 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +
 	"\x15prefill_prompt_tokens\x18\x03 \x01(\x04R\x13prefillPromptTokens\x12\x14\n" +
 	"\x05model\x18\x04 \x01(\tR\x05model\"\x14\n" +
-	"\x12ReportLoadResponse\"\xb2\x01\n" +
+	"\x12ReportLoadResponse\"\xe4\x01\n" +
 	"\fFetchRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x129\n" +
-	"\x19previous_call_overhead_us\x18\x05 \x01(\x04R\x16previousCallOverheadUs\"\xa1\x01\n" +
+	"\x19previous_call_overhead_us\x18\x05 \x01(\x04R\x16previousCallOverheadUs\x120\n" +
+	"\x14previous_call_blocks\x18\x06 \x01(\rR\x12previousCallBlocks\"\xa1\x01\n" +
 	"\vFetchResult\x12\x1f\n" +
 	"\vsource_node\x18\x01 \x01(\tR\n" +
 	"sourceNode\x12-\n" +

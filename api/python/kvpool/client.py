@@ -1217,8 +1217,10 @@ class Client:
         host, port = _split_addr(addr)
         self._owner = True
         # What the last fetch that pulled anything cost beyond the node's
-        # own timing of it (microseconds); the next fetch reports it.
+        # own timing of it (microseconds), and how many keys it asked for;
+        # the next fetch reports both.
         self._fetch_overhead_us = 0
+        self._fetch_blocks = 0
         self._token = token if token is not None else os.environ.get("KVPOOL_TOKEN") or None
         options = [("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)]
         self._tls = None
@@ -1563,12 +1565,15 @@ class Client:
         ms = 0 if timeout is None else max(1, int(timeout * 1000))
         start = time.monotonic()
         r = _rpc(self._stub.Fetch, pb.FetchRequest(tenant=self.tenant, namespace=self.namespace, keys=self._keys(keys), timeout_ms=ms,
-                                                   previous_call_overhead_us=self._fetch_overhead_us), self.timeout)
+                                                   previous_call_overhead_us=self._fetch_overhead_us,
+                                                   previous_call_blocks=self._fetch_blocks), self.timeout)
         # The node learns what a call costs beyond its own fetch from the
         # next one, and predicts the wait a caller sees with it.
         call, took = time.monotonic() - start, max((x.fetch_seconds for x in r.results), default=0.0)
         if 0 < took < call:
-            self._fetch_overhead_us = int((call - took) * 1e6)
+            # With the call's length: what a call costs beyond the node's
+            # fetch grows with its chain.
+            self._fetch_overhead_us, self._fetch_blocks = int((call - took) * 1e6), len(keys)
         return [FetchResult(x.source_node, x.size_bytes, errors.from_code(x.status.code, x.status.message) if x.status.code else None) for x in r.results]
 
     def route(self, keys):

@@ -115,8 +115,8 @@ def test_corrupt_block_is_recomputed(cluster, reference):
 
 def test_fetch_reports_what_the_call_cost(cluster):
     """A fetch that pulls tells the client what the call cost beyond the
-    daemon's own fetch; the next fetch reports it, and the daemon adds it
-    to the fetch times its links learn from (the Go suite checks that
+    daemon's own fetch; the next fetch reports it with the call's length,
+    and the daemon adds it to the fetch times its links learn from (the Go suite checks that
     side: TestFetchCallersReportWhatTheirCallsCost)."""
     keys = [b"overhead-0", b"overhead-1"]
     with kvpool.Client(cluster["a"].addr, tenant="overhead", path="grpc") as a, \
@@ -124,9 +124,9 @@ def test_fetch_reports_what_the_call_cost(cluster):
         for k in keys:
             a.put(k, bytes(64 << 10))
         wait_until(lambda: all(any(h.node_id == "engine-a" for h in hs) for hs in b.route(keys)), 20, "B to see A's blocks")
-        assert b._fetch_overhead_us == 0
+        assert (b._fetch_overhead_us, b._fetch_blocks) == (0, 0)
         assert b.fetch(keys[:1]) == [kvpool.FetchResult("engine-a", 64 << 10, None)]
-        assert 0 < b._fetch_overhead_us < 100_000
+        assert 0 < b._fetch_overhead_us < 100_000 and b._fetch_blocks == 1
         assert b.fetch(keys[1:]) == [kvpool.FetchResult("engine-a", 64 << 10, None)]
 
 

@@ -570,6 +570,9 @@ func TestBenchSmoke(t *testing.T) {
 		// A put over TCP into an arena in a file, the raw-TCP
 		// baseline receiving into memory beside it.
 		{"--op", "put", "--block-size", "1MiB", "--segment-path", fmt.Sprintf("/dev/shm/kvpool-bench-smoke-data-%d", os.Getpid())},
+		// Batched puts over TCP from two clients: the floor sends each
+		// call's two values and waits for one answer.
+		{"--op", "put", "--block-size", "256KiB", "--batch", "2", "--clients", "2"},
 	} {
 		r := mustOK(t, kv(t, nil, append([]string{"node", "bench", "--duration", "300ms", "--working-set", "8MiB", "--capacity", "64MiB", "--json"}, args...)...))
 		var res map[string]any
@@ -596,10 +599,23 @@ func TestBenchSmoke(t *testing.T) {
 				t.Errorf("bench %v left %v behind", args, left)
 			}
 		}
-		if args[0] == "--remote" {
-			if floor, _ := res["floor_gbps"].(float64); floor <= 0 || res["ratio_to_floor"] == nil || !strings.Contains(fmt.Sprint(res["floor"]), "request/response, 2 connections") {
-				t.Errorf("bench %v measured no request/response floor: %s", args, r.stdout)
+		// Fetches, and puts over TCP, are judged against a raw-TCP
+		// request/response floor as well as the streaming baseline.
+		wantFloor := ""
+		switch {
+		case args[0] == "--remote":
+			wantFloor = "request/response, 2 connections"
+		case args[1] == "put" && !slices.Contains(args, "shm"):
+			wantFloor = "request/response, 1 connection"
+			if i := slices.Index(args, "--clients"); i >= 0 && args[i+1] != "1" {
+				wantFloor = "request/response, " + args[i+1] + " connections"
 			}
+		}
+		if floor, _ := res["floor_gbps"].(float64); wantFloor != "" && (floor <= 0 || res["ratio_to_floor"] == nil || !strings.Contains(fmt.Sprint(res["floor"]), wantFloor)) {
+			t.Errorf("bench %v measured no request/response floor (%q): %s", args, wantFloor, r.stdout)
+		}
+		if wantFloor == "" && res["floor"] != nil {
+			t.Errorf("bench %v measured a floor it has none of: %s", args, r.stdout)
 		}
 		if !strings.Contains(r.stderr, "100%") {
 			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)

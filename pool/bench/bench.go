@@ -227,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Server == "" {
 		res.Server = "in-process"
 	}
-	var base baseline
+	var base, floor baseline
 	if !cfg.NoBaseline {
 		var err error
 		if base, err = newBaseline(ctx, cfg, server, clients); err != nil {
@@ -235,8 +235,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		defer base.close()
 		res.Baseline = base.name()
+		if tb, ok := base.(*tcpBaseline); ok && cfg.Op == "put" {
+			// Streaming never waits for an answer; a put does. The
+			// floor says what the waiting costs raw TCP here.
+			floor = &tcpPutRoundTrips{stream: tb}
+		}
 	}
-	if err := runRounds(ctx, cfg, base, nil, res, func(r int) (measurement, error) {
+	if err := runRounds(ctx, cfg, base, floor, res, func(r int) (measurement, error) {
 		return measure(ctx, cfg, clients, keys, r)
 	}); err != nil {
 		return nil, err

@@ -122,7 +122,11 @@ the physical baseline it must be judged against:
 
   --path data (default)  raw TCP streams of the same block size and connection
                          count, in this process over loopback; with --server,
-                         the node's own source/sink frames over the real link
+                         the node's own source/sink frames over the real link.
+                         A put in this process also gets a floor: the same
+                         raw connections sending each call's values and
+                         waiting for a 16-byte answer before the next, as a
+                         put waits for the node's
   --path shm             single-threaded memcpy of the same size (per client);
                          gets of blocks a client read before skip the node
                          (--no-location-cache makes every get ask it)

@@ -262,7 +262,8 @@ type Request struct {
 	// header field with Handle, which a Fetch does not carry: the
 	// overhead its low 32 bits (AppendRequest saturates it), the blocks
 	// its high 32, so a client that sends only an overhead says no
-	// blocks.
+	// blocks. (A node that predates the split reads both as one overhead
+	// too large to be plausible, and ignores the report.)
 	CallOverheadUs     uint64
 	PreviousCallBlocks uint32
 	Tenant             []byte

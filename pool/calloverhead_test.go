@@ -1,8 +1,16 @@
 package pool
 
 import (
+	"context"
+	"io"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvpool/kvpool/api"
+	kvpoolv1 "github.com/kvpool/kvpool/api/kvpool/v1"
+	"github.com/kvpool/kvpool/api/wire"
 )
 
 func us(n int) time.Duration { return time.Duration(n) * time.Microsecond }
@@ -93,5 +101,44 @@ func TestCallOverheadsByChainLength(t *testing.T) {
 	}
 	if got := c.beyond(us(7), 2048); got != us(900) {
 		t.Errorf("beyond for 2048 blocks = %v, want the last class's 900µs", got)
+	}
+}
+
+// Both doors hand the node a report's length with its cost: a Fetch frame
+// on the data channel (the header word's high half) and gRPC's
+// previous_call_blocks. A standalone node answers each fetch of a block it
+// lacks with NotFound, and takes the report all the same.
+func TestCallOverheadReportsCarryTheirLength(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	raw := rawConn(t, n)
+	chain := wire.AppendChain(nil, [][]byte{[]byte("absent")})
+	for range minCallOverheadReports {
+		raw.Write(append(wire.AppendRequest(nil, &wire.Request{Op: wire.OpFetch, Tenant: []byte("t"), Namespace: []byte("n"),
+			ValueLen: uint64(len(chain)), CallOverheadUs: 330, PreviousCallBlocks: 64}), chain...))
+		var resp wire.Response
+		if err := wire.ReadResponse(raw, &resp); err != nil || resp.Status != uint8(codes.OK) {
+			t.Fatalf("fetch frame: %v, status %d %s", err, resp.Status, resp.Message)
+		}
+		if _, err := io.CopyN(io.Discard, raw, int64(resp.ValueLen)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rpc := kvpoolv1.NewKVPoolServiceClient(dial(t, n, api.PathGRPC).Conn())
+	for range minCallOverheadReports {
+		if _, err := rpc.Fetch(ctx, &kvpoolv1.FetchRequest{Tenant: "t", Namespace: "n", Keys: [][]byte{[]byte("absent")},
+			PreviousCallOverheadUs: 200, PreviousCallBlocks: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := &n.fetcher.overheads
+	if got := o.beyond(0, 64); got != us(330) {
+		t.Errorf("beyond for 64 blocks = %v, want the data channel's 330µs", got)
+	}
+	if got := o.beyond(0, 1); got != us(200) {
+		t.Errorf("beyond for 1 block = %v, want gRPC's 200µs", got)
+	}
+	if got := o.beyond(0, 16); got != us(330) {
+		t.Errorf("beyond for 16 blocks (no reports) = %v, want the median of all six, 330µs", got)
 	}
 }

@@ -145,3 +145,37 @@ func TestExistsFrames(t *testing.T) {
 		}
 	}
 }
+
+// A session's reader stays awake for a writer's commit while every
+// reservation it holds is at most quickFillBytes (see quickFillBytes).
+func TestQuickToFill(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.ReservationTimeout = time.Hour })
+	st := n.Store()
+	for _, tc := range []struct {
+		name  string
+		sizes []int64
+		want  bool
+	}{
+		{"none", nil, true},
+		{"one 2 MiB", []int64{2 << 20}, true},
+		{"at the bound", []int64{quickFillBytes}, true},
+		{"one over", []int64{quickFillBytes + 1}, false},
+		{"small and large", []int64{64 << 10, 16 << 20}, false},
+		{"several small", []int64{2 << 20, 2 << 20, 4096}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sess := newSession()
+			for i, size := range tc.sizes {
+				r, err := st.Reserve([]byte("t"), []byte("n"), []byte(tc.name+string(rune('a'+i))), size, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { st.Abort(r) })
+				sess.res[r.Handle()] = r
+			}
+			if got := sess.quickToFill(); got != tc.want {
+				t.Errorf("quickToFill with reservations of %v bytes = %v, want %v", tc.sizes, got, tc.want)
+			}
+		})
+	}
+}

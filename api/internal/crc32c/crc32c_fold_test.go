@@ -283,6 +283,28 @@ func BenchmarkCopy(b *testing.B) {
 	}
 }
 
+// spanBlockBytes and spanFrames are the block and the number of frames
+// the benchmarks of a put's span copy into in turn.
+const spanBlockBytes, spanFrames = 2 << 20, 34
+
+// spanMemory returns the frames, every page touched, and a source block.
+func spanMemory() (mem, src []byte) {
+	mem = make([]byte, spanBlockBytes*spanFrames)
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1
+	}
+	return mem, make([]byte, spanBlockBytes)
+}
+
+// spanCopies are the copies those benchmarks compare: Go's and Copy.
+var spanCopies = []struct {
+	name string
+	copy func(dst, src []byte)
+}{
+	{"copy", func(dst, src []byte) { copy(dst, src) }},
+	{"Copy", func(dst, src []byte) { Copy(0, dst, src) }},
+}
+
 // BenchmarkCopyAfterPause measures Copy of 2 MiB blocks into 34 frames in
 // turn (a put's span), each copy after a pause in which the thread spins
 // without touching memory, as a client waits for its commit's answer. It
@@ -294,19 +316,9 @@ func BenchmarkCopy(b *testing.B) {
 //
 //	go test -run '^$' -bench CopyAfterPause ./api/internal/crc32c
 func BenchmarkCopyAfterPause(b *testing.B) {
-	const n, frames = 2 << 20, 34
-	mem := make([]byte, n*frames)
-	for i := 0; i < len(mem); i += 4096 {
-		mem[i] = 1
-	}
-	src := make([]byte, n)
-	for _, fn := range []struct {
-		name string
-		copy func(dst, src []byte)
-	}{
-		{"copy", func(dst, src []byte) { copy(dst, src) }},
-		{"Copy", func(dst, src []byte) { Copy(0, dst, src) }},
-	} {
+	const n, frames = spanBlockBytes, spanFrames
+	mem, src := spanMemory()
+	for _, fn := range spanCopies {
 		for _, pause := range []time.Duration{0, 10 * time.Microsecond, 30 * time.Microsecond, 70 * time.Microsecond} {
 			b.Run(fn.name+"/pause="+pause.String(), func(b *testing.B) {
 				var copying time.Duration

@@ -26,19 +26,9 @@ import (
 //
 //	go test -run '^$' -bench CopyInterrupted ./api/internal/crc32c
 func BenchmarkCopyInterrupted(b *testing.B) {
-	const n, frames, stretch = 2 << 20, 34, 64
-	mem := make([]byte, n*frames)
-	for i := 0; i < len(mem); i += 4096 {
-		mem[i] = 1
-	}
-	src := make([]byte, n)
-	for _, fn := range []struct {
-		name string
-		copy func(dst, src []byte)
-	}{
-		{"copy", func(dst, src []byte) { copy(dst, src) }},
-		{"Copy", func(dst, src []byte) { Copy(0, dst, src) }},
-	} {
+	const n, frames, stretch = spanBlockBytes, spanFrames, 64
+	mem, src := spanMemory()
+	for _, fn := range spanCopies {
 		for _, period := range []time.Duration{500 * time.Microsecond, 200 * time.Microsecond, 100 * time.Microsecond} {
 			b.Run(fn.name+"/every="+period.String(), func(b *testing.B) {
 				runtime.LockOSThread()

@@ -148,7 +148,7 @@ func TestExistsFrames(t *testing.T) {
 
 // A session's reader stays awake for a writer's commit while every
 // reservation it holds is at most quickFillBytes (see quickFillBytes).
-func TestQuickToFill(t *testing.T) {
+func TestSessionFilling(t *testing.T) {
 	n := startNode(t, func(c *Config) { c.ReservationTimeout = time.Hour })
 	st := n.Store()
 	for _, tc := range []struct {
@@ -171,10 +171,18 @@ func TestQuickToFill(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { st.Abort(r) })
-				sess.res[r.Handle()] = r
+				sess.addRes(r)
 			}
-			if got := sess.quickToFill(); got != tc.want {
-				t.Errorf("quickToFill with reservations of %v bytes = %v, want %v", tc.sizes, got, tc.want)
+			if open, quick := sess.filling(); open != (len(tc.sizes) > 0) || quick != tc.want {
+				t.Errorf("filling with reservations of %v bytes = %v, %v, want %v, %v", tc.sizes, open, quick, len(tc.sizes) > 0, tc.want)
+			}
+			if len(tc.sizes) > 0 {
+				for _, r := range sess.res {
+					sess.dropRes(r)
+				}
+				if open, quick := sess.filling(); open || !quick {
+					t.Errorf("filling with every reservation dropped = %v, %v", open, quick)
+				}
 			}
 		})
 	}

@@ -50,9 +50,24 @@ func (d *dataConn) openMailbox() (token uint64, err error) {
 	if d.req.Flags&wire.FlagServeLocally != 0 {
 		token, d.unregister = wire.RegisterLocal(localSession{d})
 		d.sr.ServeLocally()
+	} else if d.s.sweeper != nil {
+		d.swept = true
+		d.s.sweeper.add(d)
 	}
 	return token, nil
 }
+
+// postServer is who serves a mailbox's post, as the metrics count it.
+type postServer int
+
+const (
+	servedByReader  postServer = iota // the session's goroutine in the node
+	servedByClient                    // a client in the node's process (localSession)
+	servedBySweeper                   // the node's mailboxSweeper
+)
+
+// postServerNames are the metric's label values, by postServer.
+var postServerNames = [...]string{servedByReader: "node", servedByClient: "client", servedBySweeper: "sweeper"}
 
 // localSession is a same-process session's node side, as its client
 // calls it (wire.LocalServer).
@@ -73,7 +88,7 @@ func (l localSession) ServePost() {
 		return
 	}
 	d.localPosts.Add(1)
-	if err := d.serveMailbox(true); err != nil {
+	if err := d.serveMailbox(servedByClient); err != nil {
 		d.logMailboxClose(err)
 		d.ended = true
 		d.c.Close()
@@ -125,17 +140,12 @@ func (d *dataConn) arm(on bool) {
 // serveMailbox serves the post waiting in the mailbox: its frames are
 // copied out of the shared memory, decoded and served one by one as the
 // socket's are, and their answers published in the mailbox instead of
-// written; a client parked for them is woken. local says a client in
-// this process serves it (see localSession). REQUIRES: d.mu, a post
-// pending. A returned error means the connection must close (the client
-// was told why in the answer).
-func (d *dataConn) serveMailbox(local bool) error {
+// written; a client parked for them is woken. by says who serves it.
+// REQUIRES: d.mu, a post pending. A returned error means the connection
+// must close (the client was told why in the answer).
+func (d *dataConn) serveMailbox(by postServer) error {
 	if err := d.flush(); err != nil {
 		return err
-	}
-	by := 0
-	if local {
-		by = 1
 	}
 	d.s.metrics.postsServedBy[by].Inc()
 	seq, frames, terr := d.mbox.Take(d.mreq)

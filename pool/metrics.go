@@ -43,9 +43,9 @@ type metrics struct {
 	arenaPopulated   prometheus.Gauge
 	drainedBlocks    *prometheus.CounterVec // by outcome (drain.go)
 	mailboxPosts     *prometheus.CounterVec
-	// postsServedBy are mailboxPosts' two series, node's and client's,
-	// looked up once: every post counts in one.
-	postsServedBy [2]prometheus.Counter
+	// postsServedBy are mailboxPosts' series, by postServer, looked up
+	// once: every post counts in one.
+	postsServedBy [len(postServerNames)]prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) (*metrics, error) {
@@ -124,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 		}, []string{"outcome"}),
 		mailboxPosts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvpool_pool_shm_mailbox_posts_total",
-			Help: "Posts served from same-host sessions' mailboxes, the memory a session shares with the node for its small requests (pins, reservations, commits, removes) and their answers, instead of its unix socket, by who served them: node (the session's goroutine in the node), or client (a client in the node's own process, in its own goroutine). Each post is one or more requests; they are counted in kvpool_pool_requests_total{path=\"data\"} too.",
+			Help: "Posts served from same-host sessions' mailboxes, the memory a session shares with the node for its small requests (pins, reservations, commits, removes) and their answers, instead of its unix socket, by who served them: node (the session's goroutine in the node), sweeper (the node's one goroutine that watches every session's mailbox while posts come close together), or client (a client in the node's own process, in its own goroutine). Each post is one or more requests; they are counted in kvpool_pool_requests_total{path=\"data\"} too.",
 		}, []string{"served_by"}),
 		mirrorLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpool_metadata_mirror_lag_seconds",
@@ -141,7 +141,9 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, limits *connLimits) 
 	for _, o := range []string{"replicated", "handed_off", "kept"} {
 		m.drainedBlocks.WithLabelValues(o)
 	}
-	m.postsServedBy = [2]prometheus.Counter{m.mailboxPosts.WithLabelValues("node"), m.mailboxPosts.WithLabelValues("client")}
+	for by, name := range postServerNames {
+		m.postsServedBy[by] = m.mailboxPosts.WithLabelValues(name)
+	}
 	collectors := []prometheus.Collector{m.draining, m.arenaPopulated, m.drainedBlocks, m.requests, m.bytesSent, m.bytesReceived, m.reclaimed, m.mirrorLag, m.fetched, m.fetchedBlocks, m.fetchFailures, m.callOverhead, m.planDecisions, m.badPolicies, m.acceptErrors, m.refusedConns, m.accepted, m.logsDropped, m.peerCacheUpdates, m.mailboxPosts, &storeCollector{st}}
 	for _, door := range []string{doorTCP, doorShm, doorShmTransfer, doorMetrics} {
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -304,6 +304,9 @@ func New(cfg Config) (*Node, error) {
 		ioTimeout: cfg.IOTimeout, idleTimeout: cfg.IdleTimeout, spinWait: cfg.SpinWait, noBench: cfg.NoBenchFrames, spinners: wire.NewSpinners(), hello: n.hello,
 		gate: n.gate, grants: n.grants,
 	}
+	if cfg.SpinWait > 0 {
+		n.data.sweeper = newMailboxSweeper(max(cfg.SpinWait, reservationSpin))
+	}
 
 	// The gRPC server: the services, each mapping its errors to codes
 	// once, in the interceptors (metrics.go).
@@ -517,6 +520,9 @@ func (n *Node) Run(stop context.Context) error {
 	})
 	if n.doors.shm != nil {
 		g.Go("shm accept loop", func() error { return n.doors.acceptShm(ctx, n.data.serveShm) })
+		if n.data.sweeper != nil {
+			g.Go("shm mailbox sweeper", func() error { n.data.sweeper.run(ctx); return nil })
+		}
 		g.Go("shm transfer accept loop", func() error {
 			return n.doors.acceptShmTransfer(ctx, func(ctx context.Context, c *net.UnixConn) {
 				// Same-host peers are of the node's own user (the socket

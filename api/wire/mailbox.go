@@ -27,7 +27,9 @@ import (
 //     them as it would from the socket, then writes the responses and
 //     publishes the same sequence number (Respond).
 //   - Either side may park instead of polling: it raises its parked word,
-//     looks once more, and sleeps on the socket. The other side, having
+//     looks once more, and sleeps on the socket. (On the node's side the
+//     word is up while nobody watches the mailbox: a node may have more
+//     than one watcher, see Watch.) The other side, having
 //     published, reads that word and, when it is raised, sends a frame on
 //     the socket that does nothing but wake it (OpWake to the node, a
 //     response with FlagWake to the client). Both the publication and the
@@ -40,8 +42,9 @@ import (
 // that scribbles over the mailbox confuses only itself.
 //
 // Methods of the client side (Post, Answered, Answer, SetClientParked)
-// and of the node side (Pending, Take, Respond, SetNodeParked) may run
-// concurrently with each other; each side's own calls are sequential.
+// and of the node side (Pending, Take, Respond, Watch, Unwatch) may run
+// concurrently with each other; each side's own calls are sequential,
+// except Watch and Unwatch, which the node's watchers call concurrently.
 type Mailbox struct {
 	mem []byte
 	// answered is the node's last published sequence number (node side
@@ -49,6 +52,9 @@ type Mailbox struct {
 	// same-process session (see LocalServer) the client's goroutine
 	// serves posts while the node's may still look.
 	answered atomic.Uint64
+	// watchers counts who on the node's side watches the mailbox now
+	// (see Watch). Node side only.
+	watchers atomic.Int32
 }
 
 // Mailbox layout: the words each side writes on cache lines of their own.
@@ -161,8 +167,32 @@ func (m *Mailbox) Respond(seq uint64, resp []byte) (onSocket, clientParked bool)
 	return onSocket, m.u32(mbClientParked).Load() != 0
 }
 
-// SetNodeParked raises or lowers the node's parked word.
-func (m *Mailbox) SetNodeParked(parked bool) { m.u32(mbNodeParked).Store(b2u(parked)) }
+// Watch counts one more watcher of the mailbox on the node's side (its
+// session's reader while it is not parked, a sweeper of many mailboxes
+// while it sweeps) and lowers the node's parked word: a post is seen
+// without a wake. Every Watch is undone by one Unwatch.
+func (m *Mailbox) Watch() {
+	m.watchers.Add(1)
+	m.u32(mbNodeParked).Store(0)
+}
+
+// Unwatch counts one watcher less; the last one raises the node's parked
+// word. It then reports whether a post is pending, which the caller must
+// serve (or leave to another watcher): a post made before the word went
+// up brings no OpWake.
+//
+// The word ends up raised whenever the count ends at zero, however the
+// watchers interleave: a watcher lowers it only after its own Watch and
+// before its own Unwatch, and the Unwatch that brings the count to zero
+// follows every other (the count's updates are one atomic chain) and
+// raises it after. A race can leave the word up while someone watches,
+// which costs a client a needless OpWake, never a lost post.
+func (m *Mailbox) Unwatch() (pending bool) {
+	if m.watchers.Add(-1) == 0 {
+		m.u32(mbNodeParked).Store(1)
+	}
+	return m.Pending()
+}
 
 // MailboxOp reports whether op may come through a mailbox: ops that read
 // no value from the socket and write none to it.

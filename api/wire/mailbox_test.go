@@ -75,12 +75,16 @@ func TestMailboxPostTakeRespond(t *testing.T) {
 	}
 	mb.SetClientParked(false)
 
-	// The node's parked word reaches the next post.
-	mb.SetNodeParked(true)
+	// The node's parked word, up once nobody watches, reaches the next
+	// post.
+	mb.Watch()
+	if mb.Unwatch() {
+		t.Fatal("unwatch: a post pending")
+	}
 	if seq, parked = mb.Post(req); seq != 2 || !parked {
 		t.Fatalf("post to a parked node: seq %d parked %v", seq, parked)
 	}
-	mb.SetNodeParked(false)
+	mb.Watch()
 	// An answer too long for the mailbox is marked as on the socket.
 	if onSocket, _ = mb.Respond(seq, make([]byte, MailboxResponseBytes+1)); !onSocket {
 		t.Fatal("a long answer was not sent to the socket")
@@ -408,4 +412,48 @@ func TestSessionReaderDescriptors(t *testing.T) {
 		t.Fatal("descriptors taken twice")
 	}
 	sr.Close()
+}
+
+// The node's parked word is up exactly while no watcher is left, and the
+// last watcher to leave learns of a post made before it left.
+func TestMailboxWatchers(t *testing.T) {
+	mb, _ := newTestMailbox(t)
+	parked := func() bool { return mb.u32(mbNodeParked).Load() != 0 }
+	steps := []struct {
+		name        string
+		do          func() bool // reports pending where it is an Unwatch
+		wantParked  bool
+		wantPending bool
+	}{
+		{"the reader watches", func() bool { mb.Watch(); return false }, false, false},
+		{"a sweeper watches too", func() bool { mb.Watch(); return false }, false, false},
+		{"the reader parks", mb.Unwatch, false, false},
+		{"the sweeper sleeps", mb.Unwatch, true, false},
+		{"the reader wakes", func() bool { mb.Watch(); return false }, false, false},
+		{"a post", func() bool { mb.Post(nil); return false }, false, false},
+		{"the reader parks over it", mb.Unwatch, true, true},
+	}
+	for _, s := range steps {
+		if pending := s.do(); pending != s.wantPending || parked() != s.wantParked {
+			t.Fatalf("%s: pending %v parked %v, want %v %v", s.name, pending, parked(), s.wantPending, s.wantParked)
+		}
+	}
+}
+
+// However watchers interleave, the word is up once every watch ended.
+func TestMailboxWatchersConcurrent(t *testing.T) {
+	mb, _ := newTestMailbox(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 10000 {
+				mb.Watch()
+				mb.Unwatch()
+			}
+		})
+	}
+	wg.Wait()
+	if mb.u32(mbNodeParked).Load() != 1 {
+		t.Fatal("no watcher left, yet the node's parked word is down")
+	}
 }

@@ -26,7 +26,7 @@ import (
 // request.
 type pollingReader struct {
 	rc       syscall.RawConn
-	spin     func() time.Duration // how long the next read may spin; nil: never
+	spin     func() time.Duration // how long the next read may spin (≤0: it does not); nil: never
 	spinners *Spinners
 	// misses counts the spins in a row that timed out; skip is how many
 	// more reads park at once. Reads of one connection are sequential.
@@ -122,7 +122,7 @@ func (r *pollingReader) Read(p []byte) (int, error) {
 		r.spinners.exit()
 	}
 	if r.parked {
-		r.mbox.SetNodeParked(false)
+		r.mbox.Watch()
 		r.parked = false
 	}
 	switch {
@@ -204,7 +204,11 @@ func (r *pollingReader) pollSocket(fd uintptr) bool {
 		}
 		now := time.Now()
 		if st.until.IsZero() {
-			st.until = now.Add(r.spin())
+			d := r.spin()
+			if d <= 0 {
+				return r.park() // no spin for this read (spin's call)
+			}
+			st.until = now.Add(d)
 			if st.spinning = r.spinners.enter(); !st.spinning {
 				return r.park()
 			}
@@ -221,15 +225,15 @@ func (r *pollingReader) pollSocket(fd uintptr) bool {
 }
 
 // park is where a read that found nothing stops polling: with a mailbox
-// watched, the node's parked word goes up first and the mailbox is looked
-// at once more (see Mailbox), so a post made just before the word went up
-// is served now and one made after brings an OpWake. It reports whether
-// the read is done.
+// watched, the reader stops watching it (the node's parked word goes up
+// unless another watcher remains; see Mailbox.Unwatch) and looks at it
+// once more, so a post made just before is served now and one made after
+// brings an OpWake (or is another watcher's). It reports whether the read
+// is done.
 func (r *pollingReader) park() bool {
 	if r.cur.watch {
-		r.mbox.SetNodeParked(true)
 		r.parked = true
-		if r.mbox.Pending() {
+		if r.mbox.Unwatch() {
 			r.cur.posted = true
 			return true
 		}
@@ -294,8 +298,15 @@ func NewSessionReader(c *net.UnixConn, spin func() time.Duration, sp *Spinners) 
 	return &SessionReader{pollingReader{rc: rc, spin: spin, spinners: sp, rights: true}}, nil
 }
 
-// Watch makes reads watch m (while armed) from now on.
-func (r *SessionReader) Watch(m *Mailbox) { r.mbox = m }
+// Watch makes reads watch m (while armed) from now on; the reader counts
+// as one of m's watchers while it is not parked (Mailbox.Watch). nil
+// stops the watch.
+func (r *SessionReader) Watch(m *Mailbox) {
+	if m != nil {
+		m.Watch()
+	}
+	r.mbox = m
+}
 
 // ServeLocally stops the mailbox watch for good, and the spins: the
 // session's client, in this process, serves its posts itself (see

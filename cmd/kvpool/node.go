@@ -162,7 +162,11 @@ waits on a round trip; one fetcher fetching chain after chain always does).
 
 Half of the baseline runs before the measured phase and half after, so drift
 on a noisy machine hits both. Without --server, bench starts a node in this
-process. Progress goes to stderr; the result to stdout (--json for machines).`,
+process. With --server the process holds only clients, each standing for an
+engine (a process with a thread of its own), and runs them on as many threads
+as there are clients when the cores are fewer (GOMAXPROCS, unless set in the
+environment); the baseline runs on as many. Progress goes to stderr; the
+result to stdout (--json for machines).`,
 		Example: `  kvpool node bench --op get --block-size 2MiB --clients 4 --duration 10s --json
   kvpool node bench --op get --path shm --block-size 2MiB --json
   kvpool node bench --server 10.0.0.5:7070 --op put --clients 2
@@ -260,6 +264,15 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 			if remote {
 				res, err = benchRemote(cmd.Context(), cfg, rc)
 			} else {
+				if cfg.Server != "" && cfg.Clients > runtime.GOMAXPROCS(0) && os.Getenv("GOMAXPROCS") == "" {
+					// With the node in another process this process is
+					// only clients, each standing for an engine, which
+					// is a process with a thread of its own: as many
+					// processors as clients (a client waiting for its
+					// answer holds one, and with fewer the others' copies
+					// wait for it). The baseline runs on as many.
+					runtime.GOMAXPROCS(cfg.Clients)
+				}
 				res, err = bench.Run(cmd.Context(), cfg)
 			}
 			if err != nil {
@@ -268,7 +281,7 @@ process. Progress goes to stderr; the result to stdout (--json for machines).`,
 			if asJSON {
 				return printJSON(e.stdout, res)
 			}
-			fmt.Fprintf(e.stdout, "%s %s, %s blocks, %d clients, %s (%s)\n", res.Op, res.Path, formatSize(int64(res.BlockBytes)), res.Clients, time.Duration(res.DurationS*float64(time.Second)).Round(time.Millisecond), res.Server)
+			fmt.Fprintf(e.stdout, "%s %s, %s blocks, %d clients on %d threads, %s (%s)\n", res.Op, res.Path, formatSize(int64(res.BlockBytes)), res.Clients, res.Threads, time.Duration(res.DurationS*float64(time.Second)).Round(time.Millisecond), res.Server)
 			fmt.Fprintf(e.stdout, "  throughput  %.2f GB/s  (%.0f ops/s)\n", res.GBps, res.OpsPerS)
 			fmt.Fprintf(e.stdout, "  latency     p50 %.3f ms  p99 %.3f ms\n", res.P50Ms, res.P99Ms)
 			if res.Baseline != "" {

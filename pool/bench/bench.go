@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -120,6 +121,9 @@ type Result struct {
 	BaselineGBps    float64 `json:"baseline_gbps"`
 	RatioToBaseline float64 `json:"ratio_to_baseline"`
 	Server          string  `json:"server"`
+	// Threads is how many of the Go runtime's processors (GOMAXPROCS)
+	// the bench's process ran its clients and its baseline on.
+	Threads int `json:"threads"`
 	// Floor, for fetches, is a second reference measured in the same
 	// rounds: raw TCP over the same connections, asked for one chain's
 	// bytes at a time, each chain read in full before the next is asked
@@ -223,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 	}
-	res := &Result{Op: cfg.Op, Path: cfg.Path.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: cfg.Server}
+	res := &Result{Op: cfg.Op, Path: cfg.Path.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: cfg.Server, Threads: runtime.GOMAXPROCS(0)}
 	if res.Server == "" {
 		res.Server = "in-process"
 	}

@@ -457,3 +457,33 @@ func TestMailboxWatchersConcurrent(t *testing.T) {
 		t.Fatal("no watcher left, yet the node's parked word is down")
 	}
 }
+
+// A read that parks twice (the netpoller woke it for bytes a spin had
+// already taken, and it found nothing) leaves the mailbox watched once it
+// returns, and unwatched, the word up, once it parks again: each park of
+// one read undoes at most one watch.
+func TestSessionReaderParksTwice(t *testing.T) {
+	mb, _ := newTestMailbox(t)
+	r := &pollingReader{mbox: mb, armed: true}
+	mb.Watch() // as SessionReader.Watch
+	r.cur = readState{watch: true}
+	if r.park() || r.park() {
+		t.Fatal("park reported a post, none pending")
+	}
+	// As the read returns (Read's end).
+	mb.Watch()
+	r.parked = false
+	if mb.u32(mbNodeParked).Load() != 0 {
+		t.Fatal("the reader is back, yet the node's parked word is up")
+	}
+	r.cur = readState{watch: true}
+	if r.park() {
+		t.Fatal("park reported a post, none pending")
+	}
+	if _, parked := mb.Post(nil); !parked {
+		t.Fatal("a post to a parked reader was not told to wake it")
+	}
+	if !r.park() || !r.cur.posted {
+		t.Fatal("parking again missed the post")
+	}
+}

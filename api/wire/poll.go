@@ -230,10 +230,20 @@ func (r *pollingReader) pollSocket(fd uintptr) bool {
 // once more, so a post made just before is served now and one made after
 // brings an OpWake (or is another watcher's). It reports whether the read
 // is done.
+//
+// A Read may park more than once (the netpoller can wake it for bytes a
+// spin already took): it stops watching only the first time, so that the
+// watch it takes up again as it returns undoes exactly one.
 func (r *pollingReader) park() bool {
 	if r.cur.watch {
-		r.parked = true
-		if r.mbox.Unwatch() {
+		var pending bool
+		if !r.parked {
+			r.parked = true
+			pending = r.mbox.Unwatch()
+		} else {
+			pending = r.mbox.Pending()
+		}
+		if pending {
 			r.cur.posted = true
 			return true
 		}

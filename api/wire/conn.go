@@ -319,24 +319,44 @@ func (c *Conn) flushMailbox() error {
 		nodeParked = false
 	}
 	if nodeParked {
-		c.Queue(&Request{Op: OpWake})
-		_, err := c.nc.Write(c.out)
-		c.resetOut()
-		if err != nil {
-			c.failed = true
+		if err := c.wakeNode(); err != nil {
 			return err
 		}
 	}
-	return c.awaitAnswer(mb, seq)
+	return c.awaitAnswer(mb, seq, nodeParked)
+}
+
+// wakeNode sends OpWake on the socket: the node's goroutine for the
+// session, parked there, wakes and serves the mailbox.
+func (c *Conn) wakeNode() error {
+	c.Queue(&Request{Op: OpWake})
+	_, err := c.nc.Write(c.out)
+	c.resetOut()
+	if err != nil {
+		c.failed = true
+	}
+	return err
 }
 
 // awaitAnswer waits for the answer to post seq, polling (unless this
 // goroutine served the post itself) and then parked on the socket, and
 // has Recv read it next: copied out of mb, or, where the node wrote it to
 // the socket (too long for the mailbox), from there. A post the node
-// refused on the socket leaves Recv to read why.
-func (c *Conn) awaitAnswer(mb *Mailbox, seq uint64) error {
+// refused on the socket leaves Recv to read why. woken says the post
+// woke the node already.
+//
+// A node that looked awake when the post was made, yet has not answered
+// by the end of the poll, is woken before the client parks: its watcher
+// (a sweeper of many sessions' mailboxes that yields its core between
+// looks) may be waiting for a core that a long copy holds, and the
+// session's own goroutine, woken, serves the post at once.
+func (c *Conn) awaitAnswer(mb *Mailbox, seq uint64, woken bool) error {
 	if answered := mb.Answered(seq) || c.local == nil && c.pollAnswer(mb, seq); !answered {
+		if c.local == nil && !woken && c.spinWait > 0 && !mb.Answered(seq) {
+			if err := c.wakeNode(); err != nil {
+				return err
+			}
+		}
 		if err := c.parkForAnswer(mb, seq); err != nil {
 			return err
 		}
@@ -459,7 +479,7 @@ func (c *Conn) roundTripLocally(ctx context.Context) (*Response, error) {
 	if !mb.Answered(seq) {
 		defer c.Bind(ctx)()
 	}
-	if err := c.awaitAnswer(mb, seq); err != nil {
+	if err := c.awaitAnswer(mb, seq, false); err != nil {
 		return nil, err
 	}
 	return c.Recv()

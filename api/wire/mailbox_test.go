@@ -147,6 +147,10 @@ type echoNode struct {
 	mu  sync.Mutex
 	ops []string
 	err error
+	// stalledWatcher adds a watcher of the mailbox that never serves it
+	// (a node's sweeper that lost its core): the parked word stays down
+	// while the reader parks.
+	stalledWatcher bool
 }
 
 func (e *echoNode) note(how string, r *Request) {
@@ -235,6 +239,9 @@ func (e *echoNode) serve(c *net.UnixConn, spin time.Duration) {
 				return
 			}
 			sr.Watch(mb)
+			if e.stalledWatcher {
+				mb.Watch()
+			}
 		case OpWake:
 			continue
 		}
@@ -319,6 +326,38 @@ func TestConnMailboxRoundTrips(t *testing.T) {
 				t.Fatalf("the node served\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 			}
 		})
+	}
+}
+
+// A client whose post finds the node awake, yet gets no answer within
+// its poll, wakes the session's goroutine before it parks: a watcher that
+// lost its core (the node's sweeper) does not leave the post waiting.
+func TestConnMailboxWakesAStalledNode(t *testing.T) {
+	cu, su := unixPair(t)
+	node := &echoNode{stalledWatcher: true}
+	done := make(chan struct{})
+	go func() { defer close(done); node.serve(su, 0) }()
+	c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
+	handOver(t, cu, c)
+	for i := uint64(1); i <= 20; i++ {
+		r, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: i})
+		if err != nil || r.Handle != i+1 {
+			t.Fatalf("round trip %d: %+v %v", i, r, err)
+		}
+	}
+	cu.Close()
+	<-done
+	if node.err != nil {
+		t.Fatal(node.err)
+	}
+	wakes := 0
+	for _, op := range node.ops {
+		if strings.HasPrefix(op, "socket wake") {
+			wakes++
+		}
+	}
+	if wakes < 20 {
+		t.Fatalf("%d wakes for 20 posts the node looked awake for and did not serve", wakes)
 	}
 }
 

@@ -105,8 +105,11 @@ type ServerConfig struct {
 	// most half the node's processors spin at once. The node's own waits
 	// for its peers (a Fetch's pins, the tcp transport) do not spin: with
 	// two nodes on two cores that measured slower (1-block fetches 0.45 of
-	// raw TCP without, 0.38 with). Default 100 µs; negative turns
-	// spinning off.
+	// raw TCP without, 0.38 with). A positive SpinWait also runs the
+	// node's mailbox sweeper (see mailboxSweeper), which watches the
+	// mailboxes of same-host sessions from other processes while their
+	// posts come close together. Default 100 µs; negative turns spinning
+	// (and the sweeper) off.
 	SpinWait time.Duration
 	// GetChunkBytes is the default chunk size of gRPC Get streams. Default
 	// 1 MiB.

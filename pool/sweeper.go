@@ -29,8 +29,8 @@ import (
 // spinners take the cores from the copies. A single sweeper that yields
 // between looks sees every post at once and costs the copies little.
 // Measured on two vCPUs, four writers of 2 MiB blocks, one thread each, to
-// a node in another process: 0.51-0.54 of memcpy against 0.36-0.37 with a
-// reader per session, on a sixth of the node's CPU time; scratch C
+// a node in another process: 0.47-0.61 of memcpy against 0.36-0.38 with a
+// reader per session, on a third of the node's CPU time; scratch C
 // programs (a server that yields between looks, waiters that yield)
 // reached 0.73-0.83, against 0.42-0.44 when the waiters slept in
 // futex_wait and 0.40-0.45 when the server did not yield.

@@ -122,13 +122,14 @@ type dataConn struct {
 	mrd       bytes.Reader
 	inMailbox bool
 
-	// A same-process session's (see wire.LocalServer): its client serves
-	// posts in its own goroutine, so mu serializes the serving of frames
-	// and posts (and the session's end) between that goroutine and the
+	// Posts may be served outside the serve loop (servePostAside): by a
+	// same-process client in its own goroutine (see wire.LocalServer) or
+	// by the node's sweeper, so mu serializes the serving of frames and
+	// posts (and the session's end) between those goroutines and the
 	// serve loop; ended is set, under mu, once the session has ended;
-	// localPosts counts the posts the client served, which keep the
-	// session from idling out; unregister removes the session's token.
-	// mu is taken on every session, where nothing contends for it.
+	// localPosts counts the posts served aside, which keep the session
+	// from idling out; unregister removes the session's token. mu is
+	// taken on every session, where little contends for it.
 	mu         sync.Mutex
 	ended      bool
 	localPosts atomic.Uint64

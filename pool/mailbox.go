@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -73,22 +74,29 @@ var postServerNames = [...]string{servedByReader: "node", servedByClient: "clien
 // calls it (wire.LocalServer).
 type localSession struct{ d *dataConn }
 
-// ServePost serves the mailbox's pending post in the client's goroutine,
-// under the session's lock (unless the session ended: then nothing is
-// done).
-// The answer's writes to the socket, when there are any (an answer too
-// long for the mailbox), go to a client in this process that reads them
-// next, so they take no deadline. A post that must close the connection
+// ServePost serves the mailbox's pending post in the client's goroutine
+// (servePostAside).
+func (l localSession) ServePost() { l.d.servePostAside(servedByClient) }
+
+// servePostAside serves the mailbox's pending post outside the serve
+// loop, in the goroutine of by (a client in this process, or the node's
+// sweeper), under the session's lock, unless the session ended or the
+// session's goroutine served it already. The answer's writes to the
+// socket, when there are any (an answer too long for the mailbox, a wake
+// for a parked client), take the io timeout, except to a client in this
+// process, which reads them next. A post that must close the connection
 // closes it: the serve loop then ends the session.
-func (l localSession) ServePost() {
-	d := l.d
+func (d *dataConn) servePostAside(by postServer) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ended || !d.mbox.Pending() {
 		return
 	}
 	d.localPosts.Add(1)
-	if err := d.serveMailbox(servedByClient); err != nil {
+	if by != servedByClient {
+		d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
+	}
+	if err := d.serveMailbox(by); err != nil {
 		d.logMailboxClose(err)
 		d.ended = true
 		d.c.Close()

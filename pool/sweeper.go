@@ -61,7 +61,7 @@ type sweptSession struct {
 }
 
 func newMailboxSweeper(spin time.Duration) *mailboxSweeper {
-	return &mailboxSweeper{spin: spin, epoch: time.Now(), kick: make(chan struct{}, 1), pace: newSweepPace()}
+	return &mailboxSweeper{spin: spin, epoch: time.Now(), kick: make(chan struct{}, 1)}
 }
 
 // add has the sweeper watch d's mailbox too. REQUIRES: d.mbox mapped.
@@ -214,7 +214,7 @@ func (w *mailboxSweeper) sweep() (now time.Duration, served bool) {
 		}
 		s.last = now
 		w.pace.post(now)
-		s.d.servePostSwept()
+		s.d.servePostAside(servedBySweeper)
 	}
 	return now, now != 0
 }
@@ -233,24 +233,6 @@ func (w *mailboxSweeper) watch(on bool) (pending bool) {
 		}
 	}
 	return pending
-}
-
-// servePostSwept serves the mailbox's pending post in the sweeper's
-// goroutine, under the session's lock, unless the session ended or its
-// reader served it already.
-func (d *dataConn) servePostSwept() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.ended || !d.mbox.Pending() {
-		return
-	}
-	d.localPosts.Add(1)
-	d.c.SetWriteDeadline(time.Now().Add(d.s.ioTimeout))
-	if err := d.serveMailbox(servedBySweeper); err != nil {
-		d.logMailboxClose(err)
-		d.ended = true
-		d.c.Close()
-	}
 }
 
 // activeWindow is how recently a session must have posted to count as
@@ -279,8 +261,6 @@ type sweepPace struct {
 	start       time.Duration // the current window's start
 	cur, before int           // posts in it, and in the one before
 }
-
-func newSweepPace() sweepPace { return sweepPace{} }
 
 // post records a post at now.
 func (p *sweepPace) post(now time.Duration) {

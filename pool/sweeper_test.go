@@ -20,7 +20,7 @@ func TestSweepPace(t *testing.T) {
 	const spin = time.Millisecond
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	posts := func(at ...time.Duration) sweepPace {
-		p := newSweepPace()
+		var p sweepPace
 		for _, t := range at {
 			p.post(t)
 		}
@@ -62,7 +62,7 @@ func TestSweepPace(t *testing.T) {
 
 // The windows roll: posts move to the window before, then out.
 func TestSweepPaceRoll(t *testing.T) {
-	p := newSweepPace()
+	var p sweepPace
 	ms := time.Millisecond
 	for _, step := range []struct {
 		post        time.Duration

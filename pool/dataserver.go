@@ -548,7 +548,13 @@ func (d *dataConn) handle() error {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		return d.respond(err, &wire.Response{Handle: token})
 	case wire.OpWake:
-		return nil // it woke the serve loop, which serves the mailbox next
+		// It woke the serve loop, which serves the mailbox next; when
+		// nothing is posted yet, a writer woke the node ahead of its
+		// commit (wire.Conn.WakeAhead), and the next read spins for it.
+		if d.sr != nil {
+			d.sr.ExpectPost()
+		}
+		return nil
 	case wire.OpView:
 		pin, err := d.acquire()
 		if err != nil {

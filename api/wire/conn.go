@@ -338,6 +338,20 @@ func (c *Conn) wakeNode() error {
 	return err
 }
 
+// WakeAhead wakes the node with OpWake when its side of the mailbox is
+// parked, for a post the caller is about to make: a writer sends it a
+// little before the end of the copy its commit follows, so the node's
+// wake-up runs beside the copy instead of after the post, and the node
+// is watching when the post comes (its reader spins a while after a
+// wake). Nothing happens without a mailbox or for a client in the node's
+// own process.
+func (c *Conn) WakeAhead() error {
+	if c.mbox == nil || c.local != nil || c.spinWait <= 0 || !c.mbox.NodeParked() {
+		return nil
+	}
+	return c.wakeNode()
+}
+
 // awaitAnswer waits for the answer to post seq, polling (unless this
 // goroutine served the post itself) and then parked on the socket, and
 // has Recv read it next: copied out of mb, or, where the node wrote it to

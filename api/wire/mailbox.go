@@ -41,10 +41,11 @@ import (
 // neither carry a value nor stream one are served (MailboxOp). A client
 // that scribbles over the mailbox confuses only itself.
 //
-// Methods of the client side (Post, Answered, Answer, SetClientParked)
-// and of the node side (Pending, Take, Respond, Watch, Unwatch) may run
-// concurrently with each other; each side's own calls are sequential,
-// except Watch and Unwatch, which the node's watchers call concurrently.
+// Methods of the client side (Post, Answered, Answer, SetClientParked,
+// NodeParked) and of the node side (Pending, Take, Respond, Watch,
+// Unwatch) may run concurrently with each other; each side's own calls
+// are sequential, except Watch and Unwatch, which the node's watchers call
+// concurrently.
 type Mailbox struct {
 	mem []byte
 	// answered is the node's last published sequence number (node side
@@ -131,6 +132,10 @@ func (m *Mailbox) Answer() (ans []byte, onSocket bool, err error) {
 // answerOnSocket, in the answer's length word, says the answer went to the
 // socket.
 const answerOnSocket = 1 << 31
+
+// NodeParked reports whether nobody on the node's side watches the
+// mailbox now: a post would have to wake it.
+func (m *Mailbox) NodeParked() bool { return m.u32(mbNodeParked).Load() != 0 }
 
 // SetClientParked raises or lowers the client's parked word.
 func (m *Mailbox) SetClientParked(parked bool) { m.u32(mbClientParked).Store(b2u(parked)) }

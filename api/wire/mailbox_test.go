@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvpool/kvpool/internal/eventually"
 )
 
 // newTestMailbox maps a fresh shared page pair, as a client would.
@@ -243,6 +245,7 @@ func (e *echoNode) serve(c *net.UnixConn, spin time.Duration) {
 				mb.Watch()
 			}
 		case OpWake:
+			sr.ExpectPost()
 			continue
 		}
 		if req.Op.HasResponse() {
@@ -358,6 +361,68 @@ func TestConnMailboxWakesAStalledNode(t *testing.T) {
 	}
 	if wakes < 20 {
 		t.Fatalf("%d wakes for 20 posts the node looked awake for and did not serve", wakes)
+	}
+}
+
+// A writer about to post wakes a parked node ahead of it (WakeAhead): the
+// node's reader, woken, spins, though its last spin found nothing, and the
+// post comes while it watches, with no wake of its own. A node that
+// watches its mailbox gets no wake ahead.
+func TestConnWakeAhead(t *testing.T) {
+	t.Run("parked node", func(t *testing.T) {
+		cu, su := unixPair(t)
+		node := &echoNode{}
+		done := make(chan struct{})
+		// The reader spins a second after each frame, then parks.
+		go func() { defer close(done); node.serve(su, time.Second) }()
+		c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
+		mb := handOver(t, cu, c)
+		eventually.True(t, "the node to park", 10*time.Second, mb.NodeParked)
+		if err := c.WakeAhead(); err != nil {
+			t.Fatal(err)
+		}
+		// A writer posts a copy's time later, by when the woken node
+		// watches.
+		eventually.True(t, "the node to watch", 10*time.Second, func() bool { return !mb.NodeParked() })
+		if r, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: 1}); err != nil || r.Handle != 2 {
+			t.Fatalf("round trip: %+v %v", r, err)
+		}
+		cu.Close()
+		<-done
+		if node.err != nil {
+			t.Fatal(node.err)
+		}
+		if got, want := strings.Join(node.ops, ","), "socket mailbox 100,socket wake 0,mailbox commit 1"; got != want {
+			t.Fatalf("the node served %s, want %s", got, want)
+		}
+	})
+	t.Run("watched mailbox", func(t *testing.T) {
+		cu, su := unixPair(t)
+		node := &echoNode{stalledWatcher: true}
+		done := make(chan struct{})
+		go func() { defer close(done); node.serve(su, 0) }()
+		c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
+		handOver(t, cu, c)
+		if err := c.WakeAhead(); err != nil {
+			t.Fatal(err)
+		}
+		// A get goes over the socket, behind anything WakeAhead sent.
+		if r, err := c.RoundTrip(t.Context(), &Request{Op: OpGet, Handle: 1}); err != nil || r.Handle != 2 {
+			t.Fatalf("get: %+v %v", r, err)
+		}
+		cu.Close()
+		<-done
+		if node.err != nil {
+			t.Fatal(node.err)
+		}
+		if got, want := strings.Join(node.ops, ","), "socket mailbox 100,socket get 1"; got != want {
+			t.Fatalf("the node served %s, want %s", got, want)
+		}
+	})
+	// Without a mailbox there is nothing to wake ahead of.
+	cu, _ := unixPair(t)
+	if err := NewConn(cu, ConnConfig{SpinWait: time.Millisecond, Spinners: NewSpinners()}).WakeAhead(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -328,6 +328,11 @@ func (r *SessionReader) ServeLocally() { r.local = true }
 // between frames, so a post never cuts into a frame read in parts.
 func (r *SessionReader) Arm(on bool) { r.armed = on }
 
+// ExpectPost has the next read spin (within spin's time) even after
+// spins that found nothing: the client said, with an OpWake ahead of
+// its post, that a post is coming.
+func (r *SessionReader) ExpectPost() { r.skip = 0 }
+
 // TakeDescriptors returns the descriptors received and not yet taken; the
 // caller owns them and MUST close them.
 func (r *SessionReader) TakeDescriptors() []int {

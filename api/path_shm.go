@@ -719,9 +719,10 @@ func (s *shmPath) putWindow(ctx context.Context, tenant, namespace []byte, keys,
 // copyIn copies src into a place in the segment and returns its checksum,
 // folded from the registers the copy loads: no second pass over src, no
 // second core. With last (the copy a commit follows) it wakes a parked
-// node wakeAheadBytes before the end (wakeAhead). REQUIRES: s.live held.
+// node wakeAheadBytes before the end (wakeAhead), when the copy is long
+// enough to hide some of the wake-up. REQUIRES: s.live held.
 func (s *shmPath) copyIn(dst, src []byte, last bool) uint32 {
-	if !last {
+	if !last || len(src) < minWakeAheadBytes {
 		return crc32c.Copy(0, dst, src)
 	}
 	split := max(0, len(src)-wakeAheadBytes)
@@ -735,6 +736,11 @@ func (s *shmPath) copyIn(dst, src []byte, last bool) uint32 {
 // one core copies into cold memory, about what a wake-up takes on a
 // paravirtualized host.
 const wakeAheadBytes = 1 << 20
+
+// minWakeAheadBytes is the shortest last copy a writer wakes the node
+// ahead of: a shorter one ends before the node is awake, and the post
+// would wake it a second time.
+const minWakeAheadBytes = 256 << 10
 
 // wakeAhead wakes the node when it is parked, for the commit the caller
 // posts in a moment (wire.Conn.WakeAhead). It skips the wake when another

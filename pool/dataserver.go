@@ -548,10 +548,12 @@ func (d *dataConn) handle() error {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		return d.respond(err, &wire.Response{Handle: token})
 	case wire.OpWake:
-		// It woke the serve loop, which serves the mailbox next; when
-		// nothing is posted yet, a writer woke the node ahead of its
-		// commit (wire.Conn.WakeAhead), and the next read spins for it.
-		if d.sr != nil {
+		// It woke the serve loop, which serves the mailbox next. One
+		// that finds nothing posted came ahead of a writer's commit
+		// (wire.Conn.WakeAhead): the next read spins for it. (A wake
+		// behind a post leaves the reader's backoff alone, so a client
+		// whose posts come far apart is not spun for after each.)
+		if d.sr != nil && d.mbox != nil && !d.mbox.Pending() {
 			d.sr.ExpectPost()
 		}
 		return nil

@@ -245,7 +245,9 @@ func (e *echoNode) serve(c *net.UnixConn, spin time.Duration) {
 				mb.Watch()
 			}
 		case OpWake:
-			sr.ExpectPost()
+			if mb != nil && !mb.Pending() {
+				sr.ExpectPost() // a wake ahead of a post, as pool's
+			}
 			continue
 		}
 		if req.Op.HasResponse() {

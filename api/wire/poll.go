@@ -330,7 +330,7 @@ func (r *SessionReader) Arm(on bool) { r.armed = on }
 
 // ExpectPost has the next read spin (within spin's time) even after
 // spins that found nothing: the client said, with an OpWake ahead of
-// its post, that a post is coming.
+// its post (one that found nothing posted), that a post is coming.
 func (r *SessionReader) ExpectPost() { r.skip = 0 }
 
 // TakeDescriptors returns the descriptors received and not yet taken; the

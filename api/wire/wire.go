@@ -153,8 +153,9 @@ const (
 	OpMailbox
 	// OpWake does nothing: a client sends it after posting to the mailbox
 	// of a node that had parked on the socket, or just before it posts
-	// (Conn.WakeAhead), after which the node's reader spins for the post
-	// even if its last spins found nothing. It has no response.
+	// (Conn.WakeAhead): a wake that finds nothing posted has the node's
+	// reader spin for the post even if its last spins found nothing. It
+	// has no response.
 	OpWake
 	// OpExists asks whether the node holds a block, in memory or on its
 	// disk tier: the response's FlagExisted says it does. One frame per

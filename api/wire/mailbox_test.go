@@ -256,6 +256,22 @@ func (e *echoNode) serve(c *net.UnixConn, spin time.Duration) {
 	}
 }
 
+// run serves su in a goroutine with a reader that spins spin after each
+// frame; stop closes the client's end cu, waits for the node to end and
+// fails the test on what went wrong there.
+func (e *echoNode) run(t *testing.T, su, cu *net.UnixConn, spin time.Duration) (stop func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); e.serve(su, spin) }()
+	return func() {
+		t.Helper()
+		cu.Close()
+		<-done
+		if e.err != nil {
+			t.Fatal(e.err)
+		}
+	}
+}
+
 // handOver sends a fresh memfd mailbox to the node as a client does.
 func handOver(t *testing.T, uc *net.UnixConn, c *Conn) *Mailbox {
 	t.Helper()
@@ -294,8 +310,7 @@ func TestConnMailboxRoundTrips(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cu, su := unixPair(t)
 			node := &echoNode{}
-			done := make(chan struct{})
-			go func() { defer close(done); node.serve(su, tc.nodeSpin) }()
+			stop := node.run(t, su, cu, tc.nodeSpin)
 			c := NewConn(cu, ConnConfig{SpinWait: tc.client, Spinners: NewSpinners()})
 			handOver(t, cu, c)
 			var want []string
@@ -316,11 +331,7 @@ func TestConnMailboxRoundTrips(t *testing.T) {
 					want = append(want, fmt.Sprintf("socket get %d", i))
 				}
 			}
-			cu.Close()
-			<-done
-			if node.err != nil {
-				t.Fatal(node.err)
-			}
+			stop()
 			var got []string
 			for _, op := range node.ops {
 				if !strings.HasPrefix(op, "socket wake") && !strings.HasPrefix(op, "socket mailbox") {
@@ -340,8 +351,7 @@ func TestConnMailboxRoundTrips(t *testing.T) {
 func TestConnMailboxWakesAStalledNode(t *testing.T) {
 	cu, su := unixPair(t)
 	node := &echoNode{stalledWatcher: true}
-	done := make(chan struct{})
-	go func() { defer close(done); node.serve(su, 0) }()
+	stop := node.run(t, su, cu, 0)
 	c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
 	handOver(t, cu, c)
 	for i := uint64(1); i <= 20; i++ {
@@ -350,11 +360,7 @@ func TestConnMailboxWakesAStalledNode(t *testing.T) {
 			t.Fatalf("round trip %d: %+v %v", i, r, err)
 		}
 	}
-	cu.Close()
-	<-done
-	if node.err != nil {
-		t.Fatal(node.err)
-	}
+	stop()
 	wakes := 0
 	for _, op := range node.ops {
 		if strings.HasPrefix(op, "socket wake") {
@@ -374,9 +380,8 @@ func TestConnWakeAhead(t *testing.T) {
 	t.Run("parked node", func(t *testing.T) {
 		cu, su := unixPair(t)
 		node := &echoNode{}
-		done := make(chan struct{})
 		// The reader spins a second after each frame, then parks.
-		go func() { defer close(done); node.serve(su, time.Second) }()
+		stop := node.run(t, su, cu, time.Second)
 		c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
 		mb := handOver(t, cu, c)
 		eventually.True(t, "the node to park", 10*time.Second, mb.NodeParked)
@@ -389,11 +394,7 @@ func TestConnWakeAhead(t *testing.T) {
 		if r, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: 1}); err != nil || r.Handle != 2 {
 			t.Fatalf("round trip: %+v %v", r, err)
 		}
-		cu.Close()
-		<-done
-		if node.err != nil {
-			t.Fatal(node.err)
-		}
+		stop()
 		if got, want := strings.Join(node.ops, ","), "socket mailbox 100,socket wake 0,mailbox commit 1"; got != want {
 			t.Fatalf("the node served %s, want %s", got, want)
 		}
@@ -401,8 +402,7 @@ func TestConnWakeAhead(t *testing.T) {
 	t.Run("watched mailbox", func(t *testing.T) {
 		cu, su := unixPair(t)
 		node := &echoNode{stalledWatcher: true}
-		done := make(chan struct{})
-		go func() { defer close(done); node.serve(su, 0) }()
+		stop := node.run(t, su, cu, 0)
 		c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
 		handOver(t, cu, c)
 		if err := c.WakeAhead(); err != nil {
@@ -412,11 +412,7 @@ func TestConnWakeAhead(t *testing.T) {
 		if r, err := c.RoundTrip(t.Context(), &Request{Op: OpGet, Handle: 1}); err != nil || r.Handle != 2 {
 			t.Fatalf("get: %+v %v", r, err)
 		}
-		cu.Close()
-		<-done
-		if node.err != nil {
-			t.Fatal(node.err)
-		}
+		stop()
 		if got, want := strings.Join(node.ops, ","), "socket mailbox 100,socket get 1"; got != want {
 			t.Fatalf("the node served %s, want %s", got, want)
 		}
@@ -433,8 +429,7 @@ func TestConnWakeAhead(t *testing.T) {
 func TestConnMailboxOverflowAndStrayWake(t *testing.T) {
 	cu, su := unixPair(t)
 	node := &echoNode{}
-	done := make(chan struct{})
-	go func() { defer close(done); node.serve(su, 0) }()
+	stop := node.run(t, su, cu, 0)
 	c := NewConn(cu, ConnConfig{SpinWait: time.Millisecond, Spinners: NewSpinners()})
 	mb := handOver(t, cu, c)
 	// Enough commits that their frames overflow the request area.
@@ -472,11 +467,7 @@ func TestConnMailboxOverflowAndStrayWake(t *testing.T) {
 	if r, err := c.RoundTrip(t.Context(), &Request{Op: OpGet, Handle: 5}); err != nil || r.Handle != 6 {
 		t.Fatalf("after a stray wake: %+v %v", r, err)
 	}
-	cu.Close()
-	<-done
-	if node.err != nil {
-		t.Fatal(node.err)
-	}
+	stop()
 }
 
 // A session reader keeps descriptors sent with the bytes, at most

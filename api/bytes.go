@@ -79,6 +79,49 @@ func (c *Client) PutResult(ctx context.Context, k BlockKey, value []byte) (PutRe
 	return c.bytes.put(ctx, k, value, 0)
 }
 
+// PutAsync stores value under k as Put does, but on the shared-memory
+// path it returns once the value is in the node's segment and its commit
+// is posted, without waiting for the node's answer: an engine saving its
+// blocks copies the next one while the node commits this one (a
+// write-behind put). value may be reused when it returns. Other paths
+// wait, as Put does.
+//
+// The block is visible to this Client's later calls (each settles the
+// commit in flight first) and, microseconds later, to everyone. A commit
+// the node refuses (ErrAlreadyExists for different bytes under the key,
+// or the session's end) is not reported by PutAsync: Flush and Close
+// report it, naming the key. Errors PutAsync returns are its own (bad
+// arguments, no room to reserve, a broken session), and the block was
+// not stored.
+func (c *Client) PutAsync(ctx context.Context, k BlockKey, value []byte) error {
+	if err := c.checkValue(k, len(value)); err != nil {
+		return err
+	}
+	if b, ok := c.bytes.(writeBehindPath); ok {
+		return b.putBehind(ctx, k, value)
+	}
+	_, err := c.bytes.put(ctx, k, value, 0)
+	return err
+}
+
+// Flush waits for the commit of the last PutAsync, if it is in flight,
+// and returns the failures of PutAsync calls since the last Flush,
+// joined, each naming its key: nil means every block they put is stored.
+// At most 64 failures are named; the rest are counted.
+func (c *Client) Flush(ctx context.Context) error {
+	if b, ok := c.bytes.(writeBehindPath); ok {
+		return b.flushBehind(ctx)
+	}
+	return nil
+}
+
+// writeBehindPath is a bytePath whose puts can return before their
+// commits are answered (shared memory): see PutAsync.
+type writeBehindPath interface {
+	putBehind(ctx context.Context, k BlockKey, value []byte) error
+	flushBehind(ctx context.Context) error
+}
+
 // PutReplicas stores value under k on the client's node and has that node
 // place copies on other nodes until `copies` distinct nodes hold it
 // (nodes that already do count). It returns once every copy is committed,

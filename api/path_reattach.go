@@ -35,6 +35,9 @@ type reattachingShm struct {
 	closed  bool
 	// reattached counts sessions attached after the first.
 	reattached atomic.Int64
+	// behindErrs are the write-behind failures of sessions replaced since
+	// the last flushBehind (their commits in flight when they broke).
+	behindErrs []error
 }
 
 // reattachBackoff spaces attempts to attach while the node is down.
@@ -61,6 +64,9 @@ func (r *reattachingShm) path(ctx context.Context, force bool) *shmPath {
 		return cur // still down: cur fails with its error
 	}
 	s.viewClosed = r.viewClosed
+	if err := cur.flushBehind(ctx); err != nil {
+		r.behindErrs = append(r.behindErrs, err)
+	}
 	r.cur = s
 	r.reattached.Add(1)
 	r.retired = append(r.retired, cur)
@@ -102,6 +108,25 @@ func (r *reattachingShm) put(ctx context.Context, k BlockKey, value []byte, copi
 
 func (r *reattachingShm) putMany(ctx context.Context, tenant, namespace string, keys, values [][]byte) ([]error, error) {
 	return retry(ctx, r, func(s *shmPath) ([]error, error) { return s.putMany(ctx, tenant, namespace, keys, values) })
+}
+
+// putBehind is shmPath.putBehind, retried on a new session when the
+// session broke before the commit was posted (the value is still the
+// caller's then).
+func (r *reattachingShm) putBehind(ctx context.Context, k BlockKey, value []byte) error {
+	_, err := retry(ctx, r, func(s *shmPath) (struct{}, error) { return struct{}{}, s.putBehind(ctx, k, value) })
+	return err
+}
+
+// flushBehind is shmPath.flushBehind, with the failures of the sessions
+// it replaced.
+func (r *reattachingShm) flushBehind(ctx context.Context) error {
+	cur := r.path(ctx, false)
+	r.mu.Lock()
+	errs := r.behindErrs
+	r.behindErrs = nil
+	r.mu.Unlock()
+	return errors.Join(errors.Join(errs...), cur.flushBehind(ctx))
 }
 
 func (r *reattachingShm) get(ctx context.Context, k BlockKey, dst []byte, l lease) ([]byte, error) {

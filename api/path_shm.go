@@ -32,6 +32,10 @@ type shmPath struct {
 	// reserveAhead: the node takes FlagReserveNext and named commits
 	// (InfoResponse.reserve_ahead); an older node refuses them.
 	reserveAhead bool
+	// reserveSpares: the node keeps maxSpares spares for a session and
+	// takes FlagReserveNext on a Reserve (InfoResponse.session_spares),
+	// which a write-behind writer asks its second spare with.
+	reserveSpares bool
 
 	// live guards the mapping: every copy in or out of the segment holds
 	// it for reading, and close takes it for writing before unmapping, so
@@ -70,9 +74,21 @@ type shmPath struct {
 	// stopPrefault ends prefaultMapping, which closes prefaulted.
 	stopPrefault chan struct{}
 	prefaulted   chan struct{}
-	// spare is a reservation the node made ahead of this session's next
-	// put (wire.FlagReserveNext); handle 0 when there is none.
-	spare spare
+	// spares are reservations the node made ahead of this session's next
+	// puts (wire.FlagReserveNext), oldest first: one for a put that
+	// waits for its commit, two for write-behind puts (putBehind), which
+	// copy into one while the node makes the next.
+	spares []spare
+	// behind are the write-behind puts whose commits are in the post in
+	// flight, queued those whose commits wait for the next post (see
+	// putBehind); behindErrs are the failures of those answered since the
+	// last flushBehind, behindLost how many more there were than it
+	// keeps.
+	behind       []behindPut
+	behindSpares int // spares asked for in the post in flight
+	queued       []behindPut
+	behindErrs   []error
+	behindLost   int
 	// views counts the views taken and not closed: a path replaced after
 	// its node restarted stays mapped while any is open (reattachingShm),
 	// and viewClosed hears when one closes.
@@ -138,6 +154,7 @@ func attachShm(ctx context.Context, info *kvpoolv1.InfoResponse, cfg ClientConfi
 	s.verify = cfg.VerifySharedReads || !seqlock.Fenced
 	s.noCache = cfg.NoLocationCache
 	s.reserveAhead = info.GetReserveAhead()
+	s.reserveSpares = s.reserveAhead && info.GetSessionSpares() >= maxSpares
 	s.stopPrefault, s.prefaulted = make(chan struct{}), make(chan struct{})
 	if cfg.MapLazily {
 		close(s.prefaulted)
@@ -198,11 +215,17 @@ func (s *shmPath) close() error {
 		s.mu.Unlock()
 		return nil
 	}
+	// A write-behind commit in flight is settled first: closing the
+	// socket before the node took the post would drop it.
+	ctx, cancel := context.WithTimeout(context.Background(), closeSettleTimeout)
+	s.drainLocked(ctx)
+	cancel()
+	err := s.takeBehindErrsLocked()
 	s.closed = true
 	if s.flusher != nil {
 		s.flusher.Stop()
 	}
-	err := s.conn.Close()
+	err = errors.Join(err, s.conn.Close())
 	if s.mboxMem != nil {
 		// The node may still write its last answer: the mapping is
 		// shared, so that lands in pages nobody reads.
@@ -227,6 +250,10 @@ func (s *shmPath) close() error {
 	return err
 }
 
+// closeSettleTimeout bounds how long close waits for the answer to a
+// write-behind commit in flight.
+const closeSettleTimeout = 5 * time.Second
+
 // usableLocked reports why the session cannot take a request, or nil.
 // REQUIRES: s.mu.
 func (s *shmPath) usableLocked() error {
@@ -243,7 +270,7 @@ func (s *shmPath) usableLocked() error {
 // with the session lock held.
 func (s *shmPath) roundTrip(ctx context.Context, r *wire.Request) (wire.Response, error) {
 	var out wire.Response
-	err := s.session(func(c *wire.Conn) error {
+	err := s.session(ctx, func(c *wire.Conn) error {
 		resp, err := c.RoundTrip(ctx, r)
 		if resp == nil {
 			return ioError(ctx, "shm "+r.Op.String(), err)
@@ -342,6 +369,11 @@ func (s *shmPath) release(h uint64) {
 		return // the node frees what the session held when it closes
 	}
 	s.pending = append(s.pending, h)
+	s.armFlusherLocked()
+}
+
+// armFlusherLocked has flush run releaseDelay from now. REQUIRES: s.mu.
+func (s *shmPath) armFlusherLocked() {
 	if s.flusher == nil {
 		s.flusher = time.AfterFunc(releaseDelay, s.flush)
 	} else {
@@ -353,6 +385,15 @@ func (s *shmPath) release(h uint64) {
 func (s *shmPath) flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.queued) > 0 && s.usableLocked() == nil {
+		// Write-behind commits left queued by a writer that stopped
+		// go out now, with the releases.
+		ctx, cancel := context.WithTimeout(context.Background(), closeSettleTimeout)
+		defer cancel()
+		s.settleLocked(ctx)
+		s.postQueuedLocked(ctx)
+		return
+	}
 	if len(s.pending) == 0 || s.usableLocked() != nil {
 		return
 	}
@@ -584,22 +625,29 @@ func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc 
 		r.Tenant, r.Namespace, r.Key = []byte(next.Tenant), []byte(next.Namespace), next.Key
 	}
 	var out PutResult
-	err := s.session(func(c *wire.Conn) error {
+	err := s.session(ctx, func(c *wire.Conn) error {
 		resp, err := c.RoundTrip(ctx, &r)
 		if resp == nil {
 			return ioError(ctx, "shm commit", err)
 		}
-		if resp.Flags&wire.FlagReserved != 0 {
-			s.keepSpareLocked(spare{tenant: next.Tenant, namespace: next.Namespace, size: size, handle: resp.Handle, offset: resp.Offset})
-		}
-		if err != nil && named {
-			// A refused rename leaves the spare open on the node.
-			c.Queue(&wire.Request{Op: wire.OpAbort, Handle: handle})
-		}
-		out = PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}
+		out = s.committedLocked(resp, err, handle, next, size, named)
 		return err
 	})
 	return out, err
+}
+
+// committedLocked takes the answer to a put's commit of handle (see
+// commit): it keeps the spare the answer brings and aborts a spare the
+// node refused to name. REQUIRES: s.mu.
+func (s *shmPath) committedLocked(resp *wire.Response, err error, handle uint64, next *BlockKey, size int, named bool) PutResult {
+	if resp.Flags&wire.FlagReserved != 0 {
+		s.keepSpareLocked(spare{tenant: next.Tenant, namespace: next.Namespace, size: size, handle: resp.Handle, offset: resp.Offset})
+	}
+	if err != nil && named {
+		// A refused rename leaves the spare open on the node.
+		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: handle})
+	}
+	return PutResult{Existed: resp.Flags&wire.FlagExisted != 0, CRC: resp.CRC}
 }
 
 // put writes value in place: reserve (or take the spare reserved ahead),
@@ -619,6 +667,228 @@ func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint
 		return PutResult{}, err
 	}
 	return s.commit(ctx, handle, copies, crc, &k, len(value), spared)
+}
+
+// behindPut is a write-behind put copied into the segment whose commit
+// is not yet answered (see putBehind).
+type behindPut struct {
+	key    BlockKey
+	size   int
+	handle uint64
+	crc    uint32
+	named  bool // the reservation is a spare, committed under key
+}
+
+// putBehind puts value under k as put does, except that it returns once
+// the value is in the segment and its commit is on its way, not answered:
+// the node commits while the writer copies its next value (a write-behind
+// put). Commits go out in groups: while one post to the mailbox is in
+// flight, later puts' commits wait in the queue and go out together in
+// the next post, which the next put (or, when the writer stops, the
+// session's flush timer, within releaseDelay) makes once the post in
+// flight is answered. A writer waits for the node only when it has no
+// spare left to copy into: each commit asks for the next spare, and a
+// session short of maxSpares asks for more. Failures are kept for
+// flushBehind. Without a mailbox, or for a client in the node's own
+// process, every post is answered before putBehind returns.
+func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error {
+	s.mu.Lock()
+	handle, mem, spared := s.takeSpareLocked(k, len(value))
+	if !spared && (len(s.behind) > 0 || len(s.queued) > 0) {
+		// The commits in flight and queued bring the spares.
+		s.drainLocked(ctx)
+		handle, mem, spared = s.takeSpareLocked(k, len(value))
+	}
+	s.mu.Unlock()
+	if !spared {
+		res, err := s.reserve(ctx, k, len(value))
+		if err != nil {
+			return err
+		}
+		handle, mem = res.handle, res.mem
+	}
+	var crc uint32
+	if err := s.mapped(func() error { crc = s.copyIn(mem, value, true); return nil }); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return err
+	}
+	s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared})
+	if inFlight, answered := s.conn.Ahead(); inFlight && !answered && len(s.spares) > 0 {
+		// The next put has a place to copy into: leave the commit
+		// queued for the next post rather than wait for this one's
+		// answer.
+		s.armFlusherLocked()
+		return nil
+	}
+	s.settleLocked(ctx)
+	s.postQueuedLocked(ctx)
+	return s.broken
+}
+
+// settleLocked waits for the answer to the post of write-behind commits
+// in flight, if any (see putBehind), within ctx, takes the spares it
+// brings and keeps its failures for flushBehind. REQUIRES: s.mu.
+func (s *shmPath) settleLocked(ctx context.Context) {
+	puts, spares := s.behind, s.behindSpares
+	if len(puts) == 0 && spares == 0 {
+		return
+	}
+	s.behind, s.behindSpares = s.behind[:0], 0
+	var err error
+	if err = s.usableLocked(); err == nil {
+		unbind := s.conn.Bind(ctx)
+		if err = s.conn.Settle(); err != nil {
+			err = s.breakLocked(err)
+		}
+		unbind()
+	}
+	s.answersLocked(puts, spares, err)
+}
+
+// postQueuedLocked sends the queued write-behind commits in one post to
+// the mailbox, behind any pending releases, with requests for the spares
+// the session lacks. REQUIRES: s.mu, no post in flight.
+func (s *shmPath) postQueuedLocked(ctx context.Context) {
+	puts := s.queued
+	if len(puts) == 0 {
+		return
+	}
+	s.queued = s.behind[:0]
+	if err := s.usableLocked(); err != nil {
+		s.answersLocked(puts, 0, err)
+		s.behind = puts[:0]
+		return
+	}
+	s.queueReleasesLocked()
+	for _, b := range puts {
+		r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: b.crc, Handle: b.handle}
+		if s.reserveAhead {
+			r.Flags |= wire.FlagReserveNext
+		}
+		if b.named {
+			r.Tenant, r.Namespace, r.Key = []byte(b.key.Tenant), []byte(b.key.Namespace), b.key.Key
+		}
+		s.conn.Queue(&r)
+	}
+	// Each commit brings the spare of a put to come; ask for the rest.
+	spares := 0
+	if last := puts[len(puts)-1]; s.reserveSpares {
+		for ; len(s.spares)+len(puts)+spares < maxSpares; spares++ {
+			s.conn.Queue(&wire.Request{Op: wire.OpReserve, Flags: wire.FlagReserveNext, ValueLen: uint64(last.size), Tenant: []byte(last.key.Tenant), Namespace: []byte(last.key.Namespace), Key: last.key.Key})
+		}
+	}
+	defer s.conn.Bind(ctx)()
+	posted, err := s.conn.PostAhead()
+	switch {
+	case err != nil:
+		s.answersLocked(puts, 0, s.breakLocked(err))
+	case posted:
+		s.behind, s.behindSpares = puts, spares
+		return
+	default:
+		// Not through the mailbox (there is none, the post is too long
+		// for it, or the node is in this process and serves the post
+		// in this goroutine): wait, as put does.
+		if err := s.conn.Flush(nil); err != nil {
+			err = s.breakLocked(err)
+		}
+		s.answersLocked(puts, spares, err)
+	}
+	s.behind = puts[:0]
+}
+
+// drainLocked settles the post in flight, posts the queued commits and
+// settles that post too: every write-behind put is answered. REQUIRES:
+// s.mu.
+func (s *shmPath) drainLocked(ctx context.Context) {
+	s.settleLocked(ctx)
+	s.postQueuedLocked(ctx)
+	s.settleLocked(ctx)
+}
+
+// answersLocked reads the answers to puts' commits, then to the spares
+// asked for behind them, keeping the spares and the failures. With err
+// set (the session broke before the answers came), each put failed with
+// it. REQUIRES: s.mu.
+func (s *shmPath) answersLocked(puts []behindPut, spares int, err error) {
+	for _, b := range puts {
+		if err != nil {
+			s.keepBehindErrLocked(b.key, err)
+			continue
+		}
+		resp, cerr := s.conn.Recv()
+		if resp == nil {
+			err = s.breakLocked(cerr)
+			s.keepBehindErrLocked(b.key, err)
+			continue
+		}
+		s.committedLocked(resp, cerr, b.handle, &b.key, b.size, b.named)
+		if cerr != nil {
+			s.keepBehindErrLocked(b.key, cerr)
+		}
+	}
+	for range spares {
+		if err != nil || len(puts) == 0 {
+			return
+		}
+		last := puts[len(puts)-1]
+		// A node out of room for a spare refuses it: a later put
+		// reserves.
+		resp, serr := s.conn.Recv()
+		if resp == nil {
+			err = s.breakLocked(serr)
+		} else if serr == nil && resp.Flags&wire.FlagReserved != 0 {
+			s.keepSpareLocked(spare{tenant: last.key.Tenant, namespace: last.key.Namespace, size: last.size, handle: resp.Handle, offset: resp.Offset})
+		}
+	}
+}
+
+// breakLocked marks the session broken by the I/O error err and returns
+// the error calls now fail with. REQUIRES: s.mu.
+func (s *shmPath) breakLocked(err error) error {
+	if s.broken == nil {
+		s.broken = fmt.Errorf("%w: client: the shm session with %s ended: %v", ErrUnavailable, s.nodeID, err)
+	}
+	return s.broken
+}
+
+// maxBehindErrs bounds the write-behind failures a session keeps for
+// flushBehind; it counts the rest.
+const maxBehindErrs = 64
+
+// keepBehindErrLocked keeps the failure of k's write-behind put.
+// REQUIRES: s.mu.
+func (s *shmPath) keepBehindErrLocked(k BlockKey, err error) {
+	if len(s.behindErrs) >= maxBehindErrs {
+		s.behindLost++
+		return
+	}
+	s.behindErrs = append(s.behindErrs, fmt.Errorf("put %s: %w", k, err))
+}
+
+// flushBehind settles the write-behind commit in flight, within ctx, and
+// returns the failures of write-behind puts since the last flushBehind,
+// joined (nil: every one is stored).
+func (s *shmPath) flushBehind(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drainLocked(ctx)
+	return s.takeBehindErrsLocked()
+}
+
+// takeBehindErrsLocked returns the kept write-behind failures, joined,
+// and forgets them. REQUIRES: s.mu.
+func (s *shmPath) takeBehindErrsLocked() error {
+	errs := s.behindErrs
+	if s.behindLost > 0 {
+		errs = append(errs, fmt.Errorf("%d more write-behind puts failed", s.behindLost))
+	}
+	s.behindErrs, s.behindLost = nil, 0
+	return errors.Join(errs...)
 }
 
 // putWindowBlocks bounds the blocks of a putMany reserved at once: the
@@ -645,7 +915,7 @@ func (s *shmPath) putWindow(ctx context.Context, tenant, namespace []byte, keys,
 		crc    uint32
 	}
 	slots := make([]slot, len(keys))
-	err := s.session(func(c *wire.Conn) error {
+	err := s.session(ctx, func(c *wire.Conn) error {
 		defer c.Bind(ctx)()
 		for i, k := range keys {
 			c.Queue(&wire.Request{Op: wire.OpReserve, ValueLen: uint64(len(values[i])), Tenant: tenant, Namespace: namespace, Key: k})
@@ -692,7 +962,7 @@ func (s *shmPath) putWindow(ctx context.Context, tenant, namespace []byte, keys,
 	if !slices.ContainsFunc(slots, func(sl slot) bool { return sl.handle != 0 }) {
 		return nil
 	}
-	return s.session(func(c *wire.Conn) error {
+	return s.session(ctx, func(c *wire.Conn) error {
 		defer c.Bind(ctx)()
 		for _, sl := range slots {
 			if sl.handle != 0 {
@@ -758,41 +1028,58 @@ func (s *shmPath) wakeAhead() {
 	}
 }
 
-// takeSpare returns the spare's handle and bytes as the place for a put
-// of size bytes under k when it fits, and reports whether it did. A spare
-// that does not fit is aborted (the abort rides in front of the next
-// request): the commit of this put brings one that does.
+// takeSpare returns the oldest spare's handle and bytes as the place for
+// a put of size bytes under k when it fits, and reports whether it did.
+// A spare that does not fit is aborted (the abort rides in front of the
+// next request): the commit of this put brings one that does.
 func (s *shmPath) takeSpare(k BlockKey, size int) (handle uint64, mem []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sp := s.spare
-	s.spare = spare{}
-	switch {
-	case sp.handle == 0 || s.usableLocked() != nil:
-		return 0, nil, false
-	case sp.tenant != k.Tenant || sp.namespace != k.Namespace || sp.size != size:
-		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
-		return 0, nil, false
-	}
-	// keepSpareLocked checked the range.
-	return sp.handle, s.mem[sp.offset : sp.offset+uint64(sp.size) : sp.offset+uint64(sp.size)], true
+	return s.takeSpareLocked(k, size)
 }
 
-// keepSpareLocked keeps sp as the session's spare, or aborts it when
-// another put's commit already brought one. REQUIRES: s.mu.
+// takeSpareLocked is takeSpare. REQUIRES: s.mu.
+func (s *shmPath) takeSpareLocked(k BlockKey, size int) (handle uint64, mem []byte, ok bool) {
+	if s.usableLocked() != nil {
+		return 0, nil, false
+	}
+	for len(s.spares) > 0 {
+		sp := s.spares[0]
+		s.spares = append(s.spares[:0], s.spares[1:]...)
+		if sp.tenant == k.Tenant && sp.namespace == k.Namespace && sp.size == size {
+			// keepSpareLocked checked the range.
+			return sp.handle, s.mem[sp.offset : sp.offset+uint64(sp.size) : sp.offset+uint64(sp.size)], true
+		}
+		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
+	}
+	return 0, nil, false
+}
+
+// maxSpares is how many spares a session keeps, as many as the node does
+// (pool's maxSessionSpares).
+const maxSpares = WriteBehindSpares
+
+// WriteBehindSpares is how many places in its node's segment a client of
+// the shared-memory path holds ahead of its write-behind puts (PutAsync):
+// up to that many puts copy on while the node has not yet answered a
+// commit. A client of synchronous puts holds one.
+const WriteBehindSpares = 4
+
+// keepSpareLocked keeps sp as the session's newest spare, or aborts it
+// when the session holds maxSpares already. REQUIRES: s.mu.
 func (s *shmPath) keepSpareLocked(sp spare) {
-	if _, err := s.region(sp.offset, uint64(sp.size)); err != nil || s.spare.handle != 0 {
+	if _, err := s.region(sp.offset, uint64(sp.size)); err != nil || len(s.spares) >= maxSpares {
 		s.conn.Queue(&wire.Request{Op: wire.OpAbort, Handle: sp.handle})
 		return
 	}
-	s.spare = sp
+	s.spares = append(s.spares, sp)
 }
 
 func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][]byte, force bool) ([]error, error) {
 	errs := make([]error, len(keys))
 	for off := 0; off < len(keys); off += removeWindow {
 		end := min(off+removeWindow, len(keys))
-		if err := s.session(func(c *wire.Conn) error {
+		if err := s.session(ctx, func(c *wire.Conn) error {
 			return removeOver(ctx, c, tenant, namespace, keys[off:end], force, errs[off:end])
 		}); err != nil {
 			return errs, err
@@ -801,14 +1088,17 @@ func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][
 	return errs, nil
 }
 
-// session runs f on the session's connection, after queueing any pending
-// releases, with the session lock held; a broken connection breaks the
-// session.
-func (s *shmPath) session(f func(c *wire.Conn) error) error {
+// session runs f on the session's connection, after settling a
+// write-behind commit in flight and queueing any pending releases, with
+// the session lock held; a broken connection breaks the session.
+func (s *shmPath) session(ctx context.Context, f func(c *wire.Conn) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.usableLocked(); err != nil {
 		return err
+	}
+	if s.drainLocked(ctx); s.broken != nil {
+		return s.broken
 	}
 	s.queueReleasesLocked()
 	err := f(s.conn)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,9 +154,12 @@ type session struct {
 	// grants this session gave its caller, a peer node, by pin or
 	// reservation handle; nil unless the node keeps grants.
 	grants map[uint64]grant
-	// spare is the handle of the reservation the node made ahead of this
-	// session's next put (wire.FlagReserveNext), 0 when none: one at most.
-	spare uint64
+	// spare holds the handles of the reservations the node made ahead of
+	// this session's next puts (wire.FlagReserveNext), 0 where none: two
+	// at most, so that a writer whose commits go out ahead of their
+	// answers (a write-behind put) copies into one while the node makes
+	// the next.
+	spare [maxSessionSpares]uint64
 	// spares counts the node's spares (dataServer.spares); nil outside a
 	// data server.
 	spares *atomic.Int64
@@ -196,14 +200,29 @@ func (s *session) end(st dataStore, g *grants) {
 	s.pins, s.res = nil, nil
 	s.open.Store(0)
 	s.large.Store(0)
-	s.endSpare(s.spare)
+	for _, h := range s.spare {
+		s.endSpare(h)
+	}
+}
+
+// maxSessionSpares bounds the spares a session holds (session.spare).
+const maxSessionSpares = 4
+
+// spareRoom reports whether the session may hold one more spare.
+func (s *session) spareRoom() bool { return slices.Contains(s.spare[:], 0) }
+
+// addSpare notes handle as one of the session's spares. REQUIRES:
+// spareRoom.
+func (s *session) addSpare(handle uint64) {
+	s.spare[slices.Index(s.spare[:], 0)] = handle
+	s.spares.Add(1)
 }
 
 // endSpare notes that the reservation handle has ended (committed or
 // aborted), which matters when it is the session's spare.
 func (s *session) endSpare(handle uint64) {
-	if handle != 0 && handle == s.spare {
-		s.spare = 0
+	if i := slices.Index(s.spare[:], handle); handle != 0 && i >= 0 {
+		s.spare[i] = 0
 		s.spares.Add(-1)
 	}
 }
@@ -578,6 +597,17 @@ func (d *dataConn) handle() error {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		return err
 	case wire.OpReserve:
+		if r.Flags&wire.FlagReserveNext != 0 {
+			// A spare asked for on its own (a write-behind writer's
+			// second).
+			var resp wire.Response
+			err := d.reserveSpare(r.Tenant, r.Namespace, r.Key, int64(min(r.ValueLen, 1<<62)), &resp)
+			d.s.metrics.dataOp(r.Op, api.Code(err))
+			if err != nil {
+				return d.respondErr(err)
+			}
+			return d.respond(nil, &resp)
+		}
 		res, err := st.Reserve(r.Tenant, r.Namespace, r.Key, int64(min(r.ValueLen, 1<<62)), false)
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		if err != nil {
@@ -618,7 +648,9 @@ func (d *dataConn) handle() error {
 		d.s.metrics.dataOp(r.Op, api.Code(err))
 		resp := committed(cr, uint64(res.Size()))
 		if err == nil && r.Flags&wire.FlagReserveNext != 0 {
-			d.reserveSpare(res, resp)
+			// The next put reserves when there is no room for a spare.
+			tenant, namespace, key := res.Name()
+			_ = d.reserveSpare([]byte(tenant), []byte(namespace), key, res.Size(), resp)
 		}
 		return d.respond(err, resp)
 	case wire.OpAbort:
@@ -634,26 +666,26 @@ func (d *dataConn) handle() error {
 	return fmt.Errorf("unhandled op %v", r.Op)
 }
 
-// reserveSpare reserves a block like the just committed one, for the
-// session's next put, and names it in resp. The session owns it: the
-// sweeper leaves it alone, and it is aborted when the session ends. A
-// spare never evicts (Store.ReserveSpare): without room for one, the next
-// put reserves, which may.
-func (d *dataConn) reserveSpare(like *store.Reservation, resp *wire.Response) {
-	if d.sess.spare != 0 || d.sess.spares == nil {
-		return // one per session
+// reserveSpare reserves a place for the session's next put of size
+// bytes under tenant and namespace (key names it until a named commit
+// renames it) and names it in resp. The session owns it: the sweeper
+// leaves it alone, and it is aborted when the session ends. A spare never
+// evicts (Store.ReserveSpare): without room for one, the next put
+// reserves, which may. A session holds maxSessionSpares at most.
+func (d *dataConn) reserveSpare(tenant, namespace, key []byte, size int64, resp *wire.Response) error {
+	if d.sess.spares == nil || !d.sess.spareRoom() {
+		return api.Errorf(api.ErrResourceExhausted, "pool: the session holds %d spares already", maxSessionSpares)
 	}
-	tenant, namespace, key := like.Name()
-	spare, err := d.s.store.ReserveSpare([]byte(tenant), []byte(namespace), key, like.Size())
+	spare, err := d.s.store.ReserveSpare(tenant, namespace, key, size)
 	if err != nil {
-		return
+		return err
 	}
 	d.sess.addRes(spare)
-	d.sess.spare = spare.Handle()
-	d.sess.spares.Add(1)
+	d.sess.addSpare(spare.Handle())
 	d.sess.grant(d.s.grants, spare.Handle(), grant{offset: uint64(spare.Offset()), length: uint64(spare.Size()), write: true, reservation: spare.Handle()})
 	resp.Flags |= wire.FlagReserved
-	resp.Offset, resp.Handle = uint64(spare.Offset()), spare.Handle()
+	resp.Offset, resp.Handle, resp.ValueLen = uint64(spare.Offset()), spare.Handle(), uint64(size)
+	return nil
 }
 
 // committed is the response to a Put or Commit.

@@ -363,6 +363,7 @@ func (n *Node) info() *kvpoolv1.InfoResponse {
 		PageBytes:     uint64(n.cfg.PageBytes),
 		CapacityBytes: uint64(n.cfg.CapacityBytes),
 		ReserveAhead:  true,
+		SessionSpares: maxSessionSpares,
 		FetchFrames:   true,
 		ShmMailbox:    true,
 		ExistsFrames:  true,

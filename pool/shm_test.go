@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -464,4 +465,85 @@ func TestPutManyStoresABatchOnEveryPath(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Write-behind puts (PutAsync) from a client in another process (here: one
+// that does not serve its own posts) return before their commits are
+// answered: every block is stored once Flush returns nil, a commit the
+// node refuses is reported by Flush (and only once), naming its key, a
+// block put and not flushed becomes visible to others by itself, and the
+// session holds no more than WriteBehindSpares reservations ahead; Close
+// reports a refusal not yet flushed and frees them.
+// A client in the node's process, which serves its own posts, waits for
+// each commit, with the same reports.
+func TestShmWriteBehindPuts(t *testing.T) {
+	t.Run("other process", func(t *testing.T) { testWriteBehindPuts(t, true) })
+	t.Run("same process", func(t *testing.T) { testWriteBehindPuts(t, false) })
+}
+
+func testWriteBehindPuts(t *testing.T, otherProcess bool) {
+	n := startNode(t)
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, NoLocationCache: true, NoLocalServe: otherProcess})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reader := dial(t, n, api.PathData)
+	key := func(i int) api.BlockKey {
+		return api.BlockKey{Tenant: "t", Namespace: "n", Key: fmt.Appendf(nil, "behind-%d", i)}
+	}
+	// Block 7 is there already, with other bytes; block 9 with the same.
+	if err := reader.Put(ctx, key(7), value(1007, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.Put(ctx, key(9), value(9, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	const puts = 40
+	for i := range puts {
+		v := value(uint64(i), 300_000)
+		if err := c.PutAsync(ctx, key(i), v); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		clear(v) // the value is the caller's again
+		if r := n.Store().Stats().Reservations; r > api.WriteBehindSpares+1 {
+			t.Fatalf("after put %d: %d reservations open", i, r)
+		}
+	}
+	err = c.Flush(ctx)
+	if !errors.Is(err, api.ErrAlreadyExists) || !strings.Contains(err.Error(), key(7).String()) || strings.Count(err.Error(), "put ") != 1 {
+		t.Fatalf("Flush: %v, want one ErrAlreadyExists naming behind-7", err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("a second Flush: %v", err)
+	}
+	for i := range puts {
+		want := value(uint64(i), 300_000)
+		if i == 7 {
+			want = value(1007, 300_000)
+		}
+		if got, err := reader.GetValue(ctx, key(i)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("block %d: %v", i, err)
+		}
+	}
+
+	// Put and left alone, a block becomes visible without a Flush.
+	if err := c.PutAsync(ctx, key(100), value(100, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "the last put to be visible", 10*time.Second, func() bool {
+		got, err := reader.GetValue(ctx, key(100))
+		return err == nil && bytes.Equal(got, value(100, 300_000))
+	})
+
+	// A refusal nobody flushed is Close's error; the spares go with the
+	// session.
+	if err := c.PutAsync(ctx, key(7), value(2007, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); !errors.Is(err, api.ErrAlreadyExists) {
+		t.Fatalf("Close: %v, want the unflushed ErrAlreadyExists", err)
+	}
+	eventually.True(t, "the session's end to free its spares", 10*time.Second, func() bool { return n.Store().Stats().Reservations == 0 })
 }

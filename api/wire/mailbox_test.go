@@ -372,6 +372,79 @@ func TestConnMailboxWakesAStalledNode(t *testing.T) {
 	}
 }
 
+// A post made ahead (PostAhead) is answered while the client does
+// something else, whether the node polls or parks; Settle then has Recv
+// read its answers, a second post before Settle is refused, and requests
+// that cannot go through the mailbox stay queued for a round trip.
+func TestConnPostAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		nodeSpin time.Duration
+	}{{"node polls", 50 * time.Millisecond}, {"node parks", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cu, su := unixPair(t)
+			node := &echoNode{}
+			stop := node.run(t, su, cu, tc.nodeSpin)
+			c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
+			handOver(t, cu, c)
+			for i := uint64(1); i <= 50; i++ {
+				c.Queue(&Request{Op: OpCommit, Handle: 10 * i})
+				c.Queue(&Request{Op: OpReserve, Handle: 10*i + 5})
+				if posted, err := c.PostAhead(); !posted || err != nil {
+					t.Fatalf("post %d: posted %v, %v", i, posted, err)
+				}
+				if inFlight, _ := c.Ahead(); !inFlight {
+					t.Fatalf("post %d: not in flight", i)
+				}
+				// Another post must wait for Settle.
+				if _, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: 1}); !errors.Is(err, errPostAhead) {
+					t.Fatalf("a round trip with a post in flight: %v, want errPostAhead", err)
+				}
+				if posted, err := c.PostAhead(); posted || err != nil {
+					t.Fatalf("a second post ahead: posted %v, %v", posted, err)
+				}
+				eventually.True(t, "the answer", 10*time.Second, func() bool { _, answered := c.Ahead(); return answered })
+				if err := c.Settle(); err != nil {
+					t.Fatal(err)
+				}
+				for _, want := range []uint64{10*i + 1, 10*i + 6} {
+					if r, err := c.Recv(); err != nil || r.Handle != want {
+						t.Fatalf("post %d: answer %+v %v, want handle %d", i, r, err, want)
+					}
+				}
+				if inFlight, _ := c.Ahead(); inFlight {
+					t.Fatalf("post %d settled, still in flight", i)
+				}
+			}
+			if err := c.Settle(); err != nil {
+				t.Fatalf("Settle with nothing in flight: %v", err)
+			}
+			// A get is not the mailbox's: nothing is posted, and it goes
+			// over the socket on the next flush.
+			c.Queue(&Request{Op: OpGet, Handle: 7})
+			if posted, err := c.PostAhead(); posted || err != nil {
+				t.Fatalf("a get posted ahead: %v, %v", posted, err)
+			}
+			if err := c.Flush(nil); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := c.Recv(); err != nil || r.Handle != 8 {
+				t.Fatalf("get over the socket: %+v %v", r, err)
+			}
+			stop()
+			posts := 0
+			for _, op := range node.ops {
+				if strings.HasPrefix(op, "mailbox commit") {
+					posts++
+				}
+			}
+			if posts != 50 {
+				t.Fatalf("the node took %d commits from the mailbox, want 50 (%v)", posts, node.ops)
+			}
+		})
+	}
+}
+
 // A writer about to post wakes a parked node ahead of it (WakeAhead): the
 // node's reader, woken, spins, though its last spin found nothing, and the
 // post comes while it watches, with no wake of its own. A node that

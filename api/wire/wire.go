@@ -205,7 +205,11 @@ const (
 	// then a copy and one round trip (a Commit with the new Key) instead
 	// of two. A spare belongs to the session: the node does not reclaim
 	// it on the reservation timeout, only when the session aborts it or
-	// ends.
+	// ends. (Reserve): the reservation is such a spare, made on its own:
+	// a write-behind writer asks for a second one beside a commit, so it
+	// copies into one while the node makes the next. A session holds two
+	// spares at most; only a node whose Info says session_spares 2 or more
+	// takes the flag on a Reserve.
 	FlagReserveNext = 1 << 4
 	// FlagServeLocally (Mailbox): the client is the node's own process
 	// and serves its posts itself (see LocalServer): the node registers
@@ -216,7 +220,8 @@ const (
 
 // flagsAllowed are the request flags each op accepts.
 var flagsAllowed = [opCount]uint8{
-	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpCommit: FlagChecksum | FlagWriterChecksum | FlagReserveNext,
+	OpGet: FlagLease, OpPut: FlagChecksum, OpRemove: FlagForce, OpView: FlagLease, OpReserve: FlagReserveNext,
+	OpCommit:  FlagChecksum | FlagWriterChecksum | FlagReserveNext,
 	OpMailbox: FlagServeLocally,
 }
 
@@ -228,8 +233,9 @@ const (
 	// FlagClose: the node closes the connection after this response (the
 	// request left the stream out of step); the client must not reuse it.
 	FlagClose = 1 << 1
-	// FlagReserved: a Commit with FlagReserveNext got its spare, named by
-	// the response's Offset and Handle (its size is the block's).
+	// FlagReserved: a Commit or Reserve with FlagReserveNext got its
+	// spare, named by the response's Offset and Handle (its size is the
+	// block's).
 	FlagReserved = 1 << 2
 	// FlagWake: not an answer to any request, but the node waking a
 	// client that parked on the socket while it waited for an answer in

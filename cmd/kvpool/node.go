@@ -322,6 +322,7 @@ result to stdout (--json for machines).`,
 	f.IntVar(&cfg.Batch, "batch", 1, "with --op put: blocks per call; above 1 each client stores them with PutMany from as many distinct buffers (an engine saving a request's blocks), and the memcpy baseline copies from as many")
 	f.DurationVar(&cfg.NodeSpinWait, "node-spin-wait", 0, "the in-process nodes' --spin-wait (0: its default, 100µs; negative: never)")
 	f.StringVar(&cfg.TCPCongestion, "tcp-congestion", "", "TCP congestion control of everything the run sends over TCP: the in-process nodes', the clients' and the raw-TCP baselines' connections, so the baselines move bytes as kvpool does; with --server, name the node's (default cubic, as a node's; host: the host's default)")
+	f.BoolVar(&cfg.WriteBehind, "write-behind", false, "with --op put: each client puts with PutAsync, which returns once the block is copied and its commit posted (answered while the client copies its next block), and flushes before its last put counts; the memcpy baseline copies into as many frames more as the client's spares beyond one")
 	f.DurationVar(&cfg.ClientSpinWait, "client-spin-wait", 0, "how long each client call polls its socket for the node's response before parking (0: the client's default, 50µs; negative: never)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")

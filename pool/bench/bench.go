@@ -86,6 +86,12 @@ type Config struct {
 	// engine saving a request's blocks), and the memcpy baseline copies
 	// from as many. Default 1: Put.
 	Batch int
+	// WriteBehind, with Op put and no Batch, has each client put with
+	// PutAsync (its commits answered while it copies the next block) and
+	// Flush before its last put counts; the memcpy baseline copies into
+	// as many frames more as the spares such a client holds beyond one
+	// (api.WriteBehindSpares).
+	WriteBehind bool
 	// ClientSpinWait is the clients' api.ClientConfig.SpinWait: how long
 	// a call polls its socket for the node's response before parking.
 	// Zero: the client's default; negative: off.
@@ -161,6 +167,9 @@ func (c *Config) fill() error {
 	}
 	if c.Batch == 0 {
 		c.Batch = 1
+	}
+	if c.WriteBehind && (c.Op != "put" || c.Batch > 1) {
+		return fmt.Errorf("%w: write-behind is for puts without a batch", api.ErrInvalidArgument)
 	}
 	if c.Batch < 1 || c.Batch > 1024 || c.Batch > 1 && c.Op != "put" {
 		return fmt.Errorf("%w: batch %d: 1 to 1024 blocks, and only for puts", api.ErrInvalidArgument, c.Batch)
@@ -477,7 +486,15 @@ func measure(ctx context.Context, cfg Config, clients []*api.Client, keys []api.
 				case cfg.Op == "put":
 					k := api.BlockKey{Tenant: cfg.Tenant, Namespace: cfg.Namespace, Key: fmt.Appendf(nil, "put-%d-%d-%d", round, i, seq)}
 					buf[0], buf[1] = byte(seq), byte(seq>>8) // distinct bytes per key
-					if err = c.Put(ctx, k, buf); err == nil {
+					if cfg.WriteBehind {
+						err = c.PutAsync(ctx, k, buf)
+						if err == nil && !time.Now().Before(deadline) {
+							err = c.Flush(ctx) // the last put counts once stored
+						}
+					} else {
+						err = c.Put(ctx, k, buf)
+					}
+					if err == nil {
 						err = stored(k.Key)
 					}
 				}
@@ -920,6 +937,9 @@ func (b *memcpyBaseline) runPut(ctx context.Context, d time.Duration, p *Progres
 	size := b.cfg.BlockBytes
 	keep, batch := putRing(b.cfg)
 	mine := keep + batch + 1
+	if b.cfg.WriteBehind {
+		mine += api.WriteBehindSpares - 1
+	}
 	if b.bufs == nil {
 		b.bufs, b.sources = clientBuffers(b.cfg, b.cfg.Clients, 0)
 	}

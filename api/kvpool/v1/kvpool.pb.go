@@ -1798,7 +1798,13 @@ type InfoResponse struct {
 	// (the data channel's OpExists): a client that holds a session then
 	// asks which of a request's blocks the node holds in one round trip on
 	// it, with no gRPC call.
-	ExistsFrames  bool `protobuf:"varint,13,opt,name=exists_frames,json=existsFrames,proto3" json:"exists_frames,omitempty"`
+	ExistsFrames bool `protobuf:"varint,13,opt,name=exists_frames,json=existsFrames,proto3" json:"exists_frames,omitempty"`
+	// How many spares (see reserve_ahead) the node keeps for one same-host
+	// session; 2 or more also means a Reserve may ask for a spare on its
+	// own (the data channel's FlagReserveNext on a Reserve), so that a
+	// write-behind writer copies into one spare while the node makes the
+	// next. 0: a node that predates it (one spare, made by a commit).
+	SessionSpares uint32 `protobuf:"varint,14,opt,name=session_spares,json=sessionSpares,proto3" json:"session_spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1922,6 +1928,13 @@ func (x *InfoResponse) GetExistsFrames() bool {
 		return x.ExistsFrames
 	}
 	return false
+}
+
+func (x *InfoResponse) GetSessionSpares() uint32 {
+	if x != nil {
+		return x.SessionSpares
+	}
+	return 0
 }
 
 type ReportLoadRequest struct {
@@ -3440,7 +3453,7 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	" \x01(\x04R\vexpirations\x12\x1a\n" +
 	"\brejected\x18\v \x01(\x04R\brejected\x123\n" +
 	"\x16policy_applied_unix_ms\x18\f \x01(\x03R\x13policyAppliedUnixMs\"\r\n" +
-	"\vInfoRequest\"\xbc\x03\n" +
+	"\vInfoRequest\"\xe3\x03\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -3458,7 +3471,8 @@ const file_kvpool_v1_kvpool_proto_rawDesc = "" +
 	"\ffetch_frames\x18\v \x01(\bR\vfetchFrames\x12\x1f\n" +
 	"\vshm_mailbox\x18\f \x01(\bR\n" +
 	"shmMailbox\x12#\n" +
-	"\rexists_frames\x18\r \x01(\bR\fexistsFrames\"\xbd\x01\n" +
+	"\rexists_frames\x18\r \x01(\bR\fexistsFrames\x12%\n" +
+	"\x0esession_spares\x18\x0e \x01(\rR\rsessionSpares\"\xbd\x01\n" +
 	"\x11ReportLoadRequest\x12#\n" +
 	"\rqueue_seconds\x18\x01 \x01(\x01R\fqueueSeconds\x129\n" +
 	"\x19prefill_tokens_per_second\x18\x02 \x01(\x01R\x16prefillTokensPerSecond\x122\n" +

@@ -777,7 +777,7 @@ func (s *shmPath) postQueuedLocked(ctx context.Context) {
 	// Each commit brings the spare of a put to come; ask for the rest.
 	spares := 0
 	if last := puts[len(puts)-1]; s.reserveSpares {
-		for ; len(s.spares)+len(puts)+spares < maxSpares; spares++ {
+		for ; len(s.spares)+len(puts)+spares < WriteBehindSpares(last.size); spares++ {
 			s.conn.Queue(&wire.Request{Op: wire.OpReserve, Flags: wire.FlagReserveNext, ValueLen: uint64(last.size), Tenant: []byte(last.key.Tenant), Namespace: []byte(last.key.Namespace), Key: last.key.Key})
 		}
 	}
@@ -1055,15 +1055,28 @@ func (s *shmPath) takeSpareLocked(k BlockKey, size int) (handle uint64, mem []by
 	return 0, nil, false
 }
 
-// maxSpares is how many spares a session keeps, as many as the node does
-// (pool's maxSessionSpares).
-const maxSpares = WriteBehindSpares
+// maxSpares is how many spares a session keeps at most, as many as the
+// node does (pool's maxSessionSpares).
+const maxSpares = 4
+
+// writeBehindAheadBytes is how many bytes of spares a write-behind writer
+// holds ahead: about what one core copies while a node on a busy host
+// answers a post late (several hundred microseconds).
+const writeBehindAheadBytes = 8 << 20
 
 // WriteBehindSpares is how many places in its node's segment a client of
-// the shared-memory path holds ahead of its write-behind puts (PutAsync):
-// up to that many puts copy on while the node has not yet answered a
-// commit. A client of synchronous puts holds one.
-const WriteBehindSpares = 4
+// the shared-memory path holds ahead of its write-behind puts (PutAsync)
+// of size bytes: so many puts copy on while the node has not answered a
+// commit yet. Enough to cover 8 MiB, two at least and four at most: four
+// for 2 MiB blocks, two for 16 MiB ones, whose copy outlasts the wait
+// (holding more, the writer cycles through more memory and copies
+// slower). A client of synchronous puts holds one.
+func WriteBehindSpares(size int) int {
+	if size <= 0 {
+		return maxSpares
+	}
+	return min(maxSpares, max(2, (writeBehindAheadBytes+size-1)/size))
+}
 
 // keepSpareLocked keeps sp as the session's newest spare, or aborts it
 // when the session holds maxSpares already. REQUIRES: s.mu.

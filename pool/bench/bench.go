@@ -90,7 +90,7 @@ type Config struct {
 	// PutAsync (its commits answered while it copies the next block) and
 	// Flush before its last put counts; the memcpy baseline copies into
 	// as many frames more as the spares such a client holds beyond one
-	// (api.WriteBehindSpares).
+	// (api.WriteBehindSpares: four of 2 MiB blocks, two of 16 MiB).
 	WriteBehind bool
 	// ClientSpinWait is the clients' api.ClientConfig.SpinWait: how long
 	// a call polls its socket for the node's response before parking.
@@ -938,7 +938,7 @@ func (b *memcpyBaseline) runPut(ctx context.Context, d time.Duration, p *Progres
 	keep, batch := putRing(b.cfg)
 	mine := keep + batch + 1
 	if b.cfg.WriteBehind {
-		mine += api.WriteBehindSpares - 1
+		mine += api.WriteBehindSpares(size) - 1
 	}
 	if b.bufs == nil {
 		b.bufs, b.sources = clientBuffers(b.cfg, b.cfg.Clients, 0)

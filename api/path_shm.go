@@ -34,7 +34,8 @@ type shmPath struct {
 	reserveAhead bool
 	// reserveSpares: the node keeps maxSpares spares for a session and
 	// takes FlagReserveNext on a Reserve (InfoResponse.session_spares),
-	// which a write-behind writer asks its second spare with.
+	// with which a write-behind writer asks for the spares beyond the one
+	// each commit brings.
 	reserveSpares bool
 
 	// live guards the mapping: every copy in or out of the segment holds
@@ -75,9 +76,9 @@ type shmPath struct {
 	stopPrefault chan struct{}
 	prefaulted   chan struct{}
 	// spares are reservations the node made ahead of this session's next
-	// puts (wire.FlagReserveNext), oldest first: one for a put that
-	// waits for its commit, two for write-behind puts (putBehind), which
-	// copy into one while the node makes the next.
+	// puts (wire.FlagReserveNext), oldest first: one for puts that wait
+	// for their commits, up to WriteBehindSpares for write-behind puts
+	// (putBehind), which copy into them while the node commits.
 	spares []spare
 	// behind are the write-behind puts whose commits are in the post in
 	// flight, queued those whose commits wait for the next post (see
@@ -688,7 +689,7 @@ type behindPut struct {
 // session's flush timer, within releaseDelay) makes once the post in
 // flight is answered. A writer waits for the node only when it has no
 // spare left to copy into: each commit asks for the next spare, and a
-// session short of maxSpares asks for more. Failures are kept for
+// session short of WriteBehindSpares asks for more. Failures are kept for
 // flushBehind. Without a mailbox, or for a client in the node's own
 // process, every post is answered before putBehind returns.
 func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error {
@@ -870,8 +871,8 @@ func (s *shmPath) keepBehindErrLocked(k BlockKey, err error) {
 	s.behindErrs = append(s.behindErrs, fmt.Errorf("put %s: %w", k, err))
 }
 
-// flushBehind settles the write-behind commit in flight, within ctx, and
-// returns the failures of write-behind puts since the last flushBehind,
+// flushBehind has every write-behind commit answered (the post in flight
+// and the queued ones), within ctx, and returns the failures of write-behind puts since the last flushBehind,
 // joined (nil: every one is stored).
 func (s *shmPath) flushBehind(ctx context.Context) error {
 	s.mu.Lock()

@@ -297,7 +297,9 @@ func (c *Client) Conn() *grpc.ClientConn { return c.cc }
 // Close releases the client's connections and its shared-memory mapping,
 // after any Get or Put in flight has finished with the mapping. Views and
 // reservations still open become invalid: their bytes MUST NOT be touched
-// after Close. Close is idempotent.
+// after Close. Commits of PutAsync still in flight are answered first
+// (for up to 5 seconds), and the failures of PutAsync calls no Flush
+// reported are part of Close's error. Close is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		errs := []error{c.holders.closeAll()}

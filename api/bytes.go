@@ -88,10 +88,12 @@ func (c *Client) PutResult(ctx context.Context, k BlockKey, value []byte) (PutRe
 //
 // The block is visible to this Client's later calls (each settles the
 // commit in flight first) and, microseconds later, to everyone. A commit
-// the node refuses (ErrAlreadyExists for different bytes under the key,
-// or the session's end) is not reported by PutAsync: Flush and Close
-// report it, naming the key. Errors PutAsync returns are its own (bad
-// arguments, no room to reserve, a broken session), and the block was
+// the node refuses after PutAsync returned (ErrAlreadyExists for
+// different bytes under the key, or the session's end) is reported by
+// Flush or Close, naming the key. An error PutAsync returns is this
+// put's (bad arguments, no room to reserve, a session that broke before
+// the commit went out, or a refusal answered before it returned: a client
+// in the node's own process waits for each answer), and the block was
 // not stored.
 func (c *Client) PutAsync(ctx context.Context, k BlockKey, value []byte) error {
 	if err := c.checkValue(k, len(value)); err != nil {

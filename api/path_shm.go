@@ -678,6 +678,10 @@ type behindPut struct {
 	handle uint64
 	crc    uint32
 	named  bool // the reservation is a spare, committed under key
+	// report, when set, is where the put's failure goes instead of the
+	// session's kept failures: the putBehind call of this put is still
+	// running, and returns it.
+	report *error
 }
 
 // putBehind puts value under k as put does, except that it returns once
@@ -717,17 +721,25 @@ func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error
 	if err := s.usableLocked(); err != nil {
 		return err
 	}
-	s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared})
 	if inFlight, answered := s.conn.Ahead(); inFlight && !answered && len(s.spares) > 0 {
 		// The next put has a place to copy into: leave the commit
 		// queued for the next post rather than wait for this one's
 		// answer.
+		s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared})
 		s.armFlusherLocked()
 		return nil
 	}
+	// A failure before the commit is posted (the session broke), or of
+	// a commit answered at once (no mailbox), is this call's to return,
+	// not Flush's: a put that fails here may be retried on a new session.
+	var failed error
+	s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared, report: &failed})
 	s.settleLocked(ctx)
 	s.postQueuedLocked(ctx)
-	return s.broken
+	for i := range s.behind {
+		s.behind[i].report = nil // posted: Flush reports what follows
+	}
+	return failed
 }
 
 // settleLocked waits for the answer to the post of write-behind commits
@@ -818,18 +830,18 @@ func (s *shmPath) drainLocked(ctx context.Context) {
 func (s *shmPath) answersLocked(puts []behindPut, spares int, err error) {
 	for _, b := range puts {
 		if err != nil {
-			s.keepBehindErrLocked(b.key, err)
+			s.keepBehindErrLocked(b, err)
 			continue
 		}
 		resp, cerr := s.conn.Recv()
 		if resp == nil {
 			err = s.breakLocked(cerr)
-			s.keepBehindErrLocked(b.key, err)
+			s.keepBehindErrLocked(b, err)
 			continue
 		}
 		s.committedLocked(resp, cerr, b.handle, &b.key, b.size, b.named)
 		if cerr != nil {
-			s.keepBehindErrLocked(b.key, cerr)
+			s.keepBehindErrLocked(b, cerr)
 		}
 	}
 	for range spares {
@@ -861,14 +873,18 @@ func (s *shmPath) breakLocked(err error) error {
 // flushBehind; it counts the rest.
 const maxBehindErrs = 64
 
-// keepBehindErrLocked keeps the failure of k's write-behind put.
+// keepBehindErrLocked keeps the failure of b, a write-behind put, for
+// flushBehind, or hands it to the call still running (b.report).
 // REQUIRES: s.mu.
-func (s *shmPath) keepBehindErrLocked(k BlockKey, err error) {
-	if len(s.behindErrs) >= maxBehindErrs {
+func (s *shmPath) keepBehindErrLocked(b behindPut, err error) {
+	switch {
+	case b.report != nil:
+		*b.report = err
+	case len(s.behindErrs) >= maxBehindErrs:
 		s.behindLost++
-		return
+	default:
+		s.behindErrs = append(s.behindErrs, fmt.Errorf("put %s: %w", b.key, err))
 	}
-	s.behindErrs = append(s.behindErrs, fmt.Errorf("put %s: %w", k, err))
 }
 
 // flushBehind has every write-behind commit answered (the post in flight

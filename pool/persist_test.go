@@ -406,6 +406,63 @@ func TestShmClientReattachesAfterRestart(t *testing.T) {
 	view.Close()
 }
 
+// A write-behind put whose session breaks (the node stopped) is reported
+// once: by PutAsync when the break came before its commit went out, by
+// Flush otherwise, naming its key. Once the node is back, the client's
+// next write-behind puts attach again and store, and blocks flushed
+// before the stop are still there.
+func TestShmWriteBehindAcrossRestart(t *testing.T) {
+	p := newPersistentNode(t)
+	n := p.mustStart()
+	p.cfg.ListenAddr = n.Addr().String() // the same address again
+	ctx := context.Background()
+	c, err := api.Dial(ctx, api.ClientConfig{Server: n.Addr().String(), Path: api.PathShm, NoLocalServe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	key := func(name string) api.BlockKey {
+		return api.BlockKey{Tenant: "t", Namespace: "behind", Key: []byte(name)}
+	}
+	if err := c.PutAsync(ctx, key("before"), value(1, 300_000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.stop()
+	reported := 0
+	if err := c.PutAsync(ctx, key("down"), value(2, 300_000)); err != nil {
+		if !errors.Is(err, api.ErrUnavailable) {
+			t.Fatalf("PutAsync with the node down: %v, want Unavailable", err)
+		}
+		reported++
+	}
+	if err := c.Flush(ctx); err != nil {
+		if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), key("down").String()) {
+			t.Fatalf("Flush with the node down: %v, want Unavailable naming %s", err, key("down"))
+		}
+		reported++
+	}
+	if reported != 1 {
+		t.Fatalf("the put with the node down was reported %d times, want once", reported)
+	}
+	n = p.mustStart()
+	after := value(3, 300_000)
+	if err := eventuallyNil(func() error { return c.PutAsync(ctx, key("after"), after) }); err != nil {
+		t.Fatalf("PutAsync after the restart: %v", err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("Flush after the restart: %v", err)
+	}
+	reader := dial(t, n, api.PathData)
+	for name, want := range map[string][]byte{"before": value(1, 300_000), "after": after} {
+		if got, err := reader.GetValue(ctx, key(name)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s after the restart: %v", name, err)
+		}
+	}
+}
+
 // eventuallyNil retries f for up to 10 s while it fails with Unavailable
 // (a session that broke is attached again at most every 100 ms).
 func eventuallyNil(f func() error) error {

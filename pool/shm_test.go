@@ -416,15 +416,31 @@ func TestShmPutsReserveTheirSpareAhead(t *testing.T) {
 }
 
 // PutMany stores a request's blocks as one batch on every path: across
-// the shared-memory window (64 blocks), with per-block errors for a block
-// that clashes with a stored one, and nothing left reserved.
+// the shared-memory window (64 blocks), whether the node's process or the
+// client serves the posts, with per-block errors for a block that clashes
+// with a stored one, and nothing left reserved.
 func TestPutManyStoresABatchOnEveryPath(t *testing.T) {
 	n := startNode(t)
 	ctx := context.Background()
-	for _, path := range []api.Path{api.PathShm, api.PathData, api.PathGRPC} {
-		t.Run(path.String(), func(t *testing.T) {
-			c := dial(t, n, path)
-			ns := "batch-" + path.String()
+	for _, tc := range []struct {
+		name string
+		cfg  api.ClientConfig
+	}{
+		{"shm", api.ClientConfig{Path: api.PathShm}},
+		// A client in another process posts each commit as its copy is
+		// done (copyAndCommitAhead).
+		{"shm-other-process", api.ClientConfig{Path: api.PathShm, NoLocalServe: true}},
+		{"data", api.ClientConfig{Path: api.PathData}},
+		{"grpc", api.ClientConfig{Path: api.PathGRPC}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Server = n.Addr().String()
+			c, err := api.Dial(ctx, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ns := "batch-" + tc.name
 			clash := api.BlockKey{Tenant: "t", Namespace: ns, Key: []byte("block-70")}
 			if err := c.Put(ctx, clash, []byte("other bytes")); err != nil {
 				t.Fatal(err)

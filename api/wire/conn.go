@@ -342,14 +342,15 @@ var errPostAhead = fmt.Errorf("%w: a post is in flight: Settle it first", ErrPro
 
 // PostAhead posts the queued requests to the mailbox, waking a parked
 // node, and returns without waiting for the answer, so the caller can go
-// on (a write-behind writer copies its next value meanwhile). Settle
+// on (a write-behind writer copies its next value meanwhile); with yield
+// it first gives its core to any thread waiting for one, the node's. Settle
 // MUST come before the Conn's next post: it waits for the answer, which
 // Recv then reads as a round trip's. It posts nothing and reports false,
 // leaving the requests queued, when they cannot go through the mailbox
 // (see mailboxable), the client serves its own posts (there is nothing
 // to overlap: the post is served in the caller's goroutine) or a post is
 // in flight already.
-func (c *Conn) PostAhead() (posted bool, err error) {
+func (c *Conn) PostAhead(yield bool) (posted bool, err error) {
 	if c.local != nil || c.ahead != 0 || !c.mailboxable() {
 		return false, nil
 	}
@@ -361,13 +362,15 @@ func (c *Conn) PostAhead() (posted bool, err error) {
 		}
 	}
 	c.ahead, c.aheadWoke = seq, nodeParked
-	// Give the core to the node's thread, woken or sweeping, if it waits
-	// for one: the writer goes on copying, and a copier holds its core
-	// for the scheduler's whole slice, which left the node's answer a
-	// post or two behind (four writers of 2 MiB blocks on two vCPUs: a
-	// writer out of spares waited for the answer after 29 % of its puts,
-	// 2 % with the yield).
-	syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	if yield {
+		// Give the core to the node's thread, woken or sweeping, if it
+		// waits for one: the writer goes on copying, and a copier holds
+		// its core for the scheduler's whole slice, which left the
+		// node's answer a post or two behind (four writers of 2 MiB
+		// blocks on two vCPUs: a writer out of spares waited for the
+		// answer after 29 % of its puts, 2 % with the yield).
+		syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	}
 	return true, nil
 }
 
@@ -376,6 +379,10 @@ func (c *Conn) PostAhead() (posted bool, err error) {
 func (c *Conn) Ahead() (inFlight, answered bool) {
 	return c.ahead != 0, c.ahead != 0 && c.mbox.Answered(c.ahead)
 }
+
+// CanPostAhead reports whether PostAhead can post: the Conn has a
+// mailbox, and the client does not serve its own posts.
+func (c *Conn) CanPostAhead() bool { return c.mbox != nil && c.local == nil }
 
 // Settle waits for the answer to the post PostAhead made, polling and
 // then parked on the socket as a round trip does (under the deadline the

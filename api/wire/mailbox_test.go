@@ -390,7 +390,7 @@ func TestConnPostAhead(t *testing.T) {
 			for i := uint64(1); i <= 50; i++ {
 				c.Queue(&Request{Op: OpCommit, Handle: 10 * i})
 				c.Queue(&Request{Op: OpReserve, Handle: 10*i + 5})
-				if posted, err := c.PostAhead(); !posted || err != nil {
+				if posted, err := c.PostAhead(i%2 == 0); !posted || err != nil {
 					t.Fatalf("post %d: posted %v, %v", i, posted, err)
 				}
 				if inFlight, _ := c.Ahead(); !inFlight {
@@ -400,7 +400,7 @@ func TestConnPostAhead(t *testing.T) {
 				if _, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: 1}); !errors.Is(err, errPostAhead) {
 					t.Fatalf("a round trip with a post in flight: %v, want errPostAhead", err)
 				}
-				if posted, err := c.PostAhead(); posted || err != nil {
+				if posted, err := c.PostAhead(i%2 == 0); posted || err != nil {
 					t.Fatalf("a second post ahead: posted %v, %v", posted, err)
 				}
 				eventually.True(t, "the answer", 10*time.Second, func() bool { _, answered := c.Ahead(); return answered })
@@ -422,7 +422,7 @@ func TestConnPostAhead(t *testing.T) {
 			// A get is not the mailbox's: nothing is posted, and it goes
 			// over the socket on the next flush.
 			c.Queue(&Request{Op: OpGet, Handle: 7})
-			if posted, err := c.PostAhead(); posted || err != nil {
+			if posted, err := c.PostAhead(true); posted || err != nil {
 				t.Fatalf("a get posted ahead: %v, %v", posted, err)
 			}
 			if err := c.Flush(nil); err != nil {

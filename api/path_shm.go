@@ -739,7 +739,9 @@ func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error
 	s.settleLocked(ctx)
 	s.postQueuedLocked(ctx)
 	for i := range s.behind {
-		s.behind[i].report = nil // posted: Flush reports what follows
+		if s.behind[i].report == &failed {
+			s.behind[i].report = nil // posted: Flush reports what follows
+		}
 	}
 	return failed
 }

@@ -90,6 +90,9 @@ type shmPath struct {
 	queued       []behindPut
 	behindErrs   []error
 	behindLost   int
+	// putErr is where the putBehind holding mu has the failure of its
+	// own put reported (behindPut.report), while it waits for it.
+	putErr error
 	// views counts the views taken and not closed: a path replaced after
 	// its node restarted stays mapped while any is open (reattachingShm),
 	// and viewClosed hears when one closes.
@@ -618,13 +621,8 @@ func (s *shmPath) reserve(ctx context.Context, k BlockKey, size int) (*Reservati
 // (of next's tenant, namespace and size), and when named is set the block
 // is committed under next's key: the reservation was a spare.
 func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc uint32, next *BlockKey, size int, named bool) (PutResult, error) {
-	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: handle, Replicas: copies}
-	if next != nil && s.reserveAhead {
-		r.Flags |= wire.FlagReserveNext
-	}
-	if named {
-		r.Tenant, r.Namespace, r.Key = []byte(next.Tenant), []byte(next.Namespace), next.Key
-	}
+	r := s.commitRequest(handle, crc, next, named)
+	r.Replicas = copies
 	var out PutResult
 	err := s.session(ctx, func(c *wire.Conn) error {
 		resp, err := c.RoundTrip(ctx, &r)
@@ -635,6 +633,21 @@ func (s *shmPath) commit(ctx context.Context, handle uint64, copies uint32, crc 
 		return err
 	})
 	return out, err
+}
+
+// commitRequest is the commit of reservation handle holding bytes of
+// checksum crc: with next set, it asks for the spare of the put after it
+// (of next's tenant, namespace and size), and with named it commits the
+// block under next's key (the reservation was a spare).
+func (s *shmPath) commitRequest(handle uint64, crc uint32, next *BlockKey, named bool) wire.Request {
+	r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: crc, Handle: handle}
+	if next != nil && s.reserveAhead {
+		r.Flags |= wire.FlagReserveNext
+	}
+	if named {
+		r.Tenant, r.Namespace, r.Key = []byte(next.Tenant), []byte(next.Namespace), next.Key
+	}
+	return r
 }
 
 // committedLocked takes the answer to a put's commit of handle (see
@@ -655,19 +668,35 @@ func (s *shmPath) committedLocked(resp *wire.Response, err error, handle uint64,
 // copy into the segment, commit, and have the node reserve the next
 // put's spare with the commit.
 func (s *shmPath) put(ctx context.Context, k BlockKey, value []byte, copies uint32) (PutResult, error) {
-	handle, mem, spared := s.takeSpare(k, len(value))
-	if !spared {
-		res, err := s.reserve(ctx, k, len(value))
-		if err != nil {
-			return PutResult{}, err
-		}
-		handle, mem = res.handle, res.mem
-	}
-	var crc uint32
-	if err := s.mapped(func() error { crc = s.copyIn(mem, value, true); return nil }); err != nil {
+	handle, crc, spared, err := s.placeAndCopy(ctx, k, value)
+	if err != nil {
 		return PutResult{}, err
 	}
 	return s.commit(ctx, handle, copies, crc, &k, len(value), spared)
+}
+
+// placeAndCopy copies value, a put's under k, into its place in the
+// segment and returns the place's handle, the checksum and whether the
+// place was a spare: the oldest spare that fits, after the write-behind
+// commits in flight and queued are answered when the session has none
+// (they bring spares), or else a new reservation.
+func (s *shmPath) placeAndCopy(ctx context.Context, k BlockKey, value []byte) (handle uint64, crc uint32, spared bool, err error) {
+	s.mu.Lock()
+	handle, mem, spared := s.takeSpareLocked(k, len(value))
+	if !spared && (len(s.behind) > 0 || len(s.queued) > 0) {
+		s.drainLocked(ctx)
+		handle, mem, spared = s.takeSpareLocked(k, len(value))
+	}
+	s.mu.Unlock()
+	if !spared {
+		res, err := s.reserve(ctx, k, len(value))
+		if err != nil {
+			return 0, 0, false, err
+		}
+		handle, mem = res.handle, res.mem
+	}
+	err = s.mapped(func() error { crc = s.copyIn(mem, value, true); return nil })
+	return handle, crc, spared, err
 }
 
 // behindPut is a write-behind put copied into the segment whose commit
@@ -699,23 +728,8 @@ type behindPut struct {
 // flushBehind. Without a mailbox, or for a client in the node's own
 // process, every post is answered before putBehind returns.
 func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error {
-	s.mu.Lock()
-	handle, mem, spared := s.takeSpareLocked(k, len(value))
-	if !spared && (len(s.behind) > 0 || len(s.queued) > 0) {
-		// The commits in flight and queued bring the spares.
-		s.drainLocked(ctx)
-		handle, mem, spared = s.takeSpareLocked(k, len(value))
-	}
-	s.mu.Unlock()
-	if !spared {
-		res, err := s.reserve(ctx, k, len(value))
-		if err != nil {
-			return err
-		}
-		handle, mem = res.handle, res.mem
-	}
-	var crc uint32
-	if err := s.mapped(func() error { crc = s.copyIn(mem, value, true); return nil }); err != nil {
+	handle, crc, spared, err := s.placeAndCopy(ctx, k, value)
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -723,27 +737,37 @@ func (s *shmPath) putBehind(ctx context.Context, k BlockKey, value []byte) error
 	if err := s.usableLocked(); err != nil {
 		return err
 	}
-	if inFlight, answered := s.conn.Ahead(); inFlight && !answered && len(s.spares) > 0 {
-		// The next put has a place to copy into: leave the commit
-		// queued for the next post rather than wait for this one's
-		// answer.
-		s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared})
-		s.armFlusherLocked()
-		return nil
-	}
 	// A failure before the commit is posted (the session broke), or of
 	// a commit answered at once (no mailbox), is this call's to return,
 	// not Flush's: a put that fails here may be retried on a new session.
-	var failed error
-	s.queued = append(s.queued, behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared, report: &failed})
-	s.settleLocked(ctx)
-	s.postQueuedLocked(ctx)
+	// The next put having a place to copy into, the commit may wait in
+	// the queue for the next post rather than for this one's answer.
+	s.putErr = nil
+	b := behindPut{key: k, size: len(value), handle: handle, crc: crc, named: spared, report: &s.putErr}
+	if !s.queueCommitLocked(ctx, b, len(s.spares) > 0) {
+		s.queued[len(s.queued)-1].report = nil // Flush reports it
+		s.armFlusherLocked()
+		return nil
+	}
 	for i := range s.behind {
-		if s.behind[i].report == &failed {
+		if s.behind[i].report == &s.putErr {
 			s.behind[i].report = nil // posted: Flush reports what follows
 		}
 	}
-	return failed
+	return s.putErr
+}
+
+// queueCommitLocked queues b's commit and, unless mayWait is set and a
+// post is in flight with no answer yet, has that post answered and posts
+// the queue; it reports whether it posted. REQUIRES: s.mu.
+func (s *shmPath) queueCommitLocked(ctx context.Context, b behindPut, mayWait bool) (posted bool) {
+	s.queued = append(s.queued, b)
+	if inFlight, answered := s.conn.Ahead(); inFlight && !answered && mayWait {
+		return false
+	}
+	s.settleLocked(ctx)
+	s.postQueuedLocked(ctx)
+	return true
 }
 
 // settleLocked waits for the answer to the post of write-behind commits
@@ -781,14 +805,13 @@ func (s *shmPath) postQueuedLocked(ctx context.Context) {
 		return
 	}
 	s.queueReleasesLocked()
-	for _, b := range puts {
-		r := wire.Request{Op: wire.OpCommit, Flags: wire.FlagWriterChecksum, CRC: b.crc, Handle: b.handle}
-		if s.reserveAhead && !b.batch {
-			r.Flags |= wire.FlagReserveNext
+	for i := range puts {
+		b := &puts[i]
+		next := &b.key
+		if b.batch {
+			next = nil // a batch's commit asks for no spare
 		}
-		if b.named {
-			r.Tenant, r.Namespace, r.Key = []byte(b.key.Tenant), []byte(b.key.Namespace), b.key.Key
-		}
+		r := s.commitRequest(b.handle, b.crc, next, b.named)
 		s.conn.Queue(&r)
 	}
 	// Each commit brings the spare of a put to come; ask for the rest.
@@ -1040,11 +1063,8 @@ func (s *shmPath) copyAndCommitAhead(ctx context.Context, keys, values [][]byte,
 			break
 		}
 		s.mu.Lock()
-		s.queued = append(s.queued, behindPut{key: BlockKey{Key: keys[i]}, size: len(values[i]), handle: sl.handle, crc: crc, report: &errs[i], batch: true})
-		if inFlight, answered := s.conn.Ahead(); !inFlight || answered {
-			s.settleLocked(ctx)
-			s.postQueuedLocked(ctx)
-		}
+		// The key only names the block; its errors go to errs[i].
+		s.queueCommitLocked(ctx, behindPut{key: BlockKey{Key: keys[i]}, size: len(values[i]), handle: sl.handle, crc: crc, report: &errs[i], batch: true}, true)
 		s.mu.Unlock()
 	}
 	// Every report is written before errs is returned.
@@ -1099,17 +1119,11 @@ func (s *shmPath) wakeAhead() {
 	}
 }
 
-// takeSpare returns the oldest spare's handle and bytes as the place for
-// a put of size bytes under k when it fits, and reports whether it did.
-// A spare that does not fit is aborted (the abort rides in front of the
-// next request): the commit of this put brings one that does.
-func (s *shmPath) takeSpare(k BlockKey, size int) (handle uint64, mem []byte, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.takeSpareLocked(k, size)
-}
-
-// takeSpareLocked is takeSpare. REQUIRES: s.mu.
+// takeSpareLocked returns the oldest spare's handle and bytes as the
+// place for a put of size bytes under k when it fits, and reports whether
+// it did. A spare that does not fit is aborted (the abort rides in front
+// of the next request): the commit of this put brings one that does.
+// REQUIRES: s.mu.
 func (s *shmPath) takeSpareLocked(k BlockKey, size int) (handle uint64, mem []byte, ok bool) {
 	if s.usableLocked() != nil {
 		return 0, nil, false

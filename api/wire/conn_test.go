@@ -136,6 +136,86 @@ func TestConnDeadline(t *testing.T) {
 	}
 }
 
+// deadlineRecorder is a net.Conn that records the deadlines set on it.
+type deadlineRecorder struct {
+	net.Conn
+	set  int
+	last time.Time
+}
+
+func (d *deadlineRecorder) SetDeadline(t time.Time) error {
+	d.set, d.last = d.set+1, t
+	return d.Conn.SetDeadline(t)
+}
+
+// TestConnBindArmsOnUse checks that a Bind reaches the socket only when an
+// operation uses it, that an inner Bind gives the socket back to the
+// outer one, and that a Bind whose context is done fails the first
+// operation at once.
+func TestConnBindArmsOnUse(t *testing.T) {
+	addr := fakeNode(t)
+	nc, err := DialPreamble(context.Background(), addr, Preamble, nil, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr := &deadlineRecorder{Conn: nc}
+	c := NewConn(dr, ConnConfig{})
+	defer c.Close()
+	get := func() error {
+		c.Queue(&Request{Op: OpGet, Tenant: []byte("t"), Namespace: []byte("n"), Key: []byte("k")})
+		if err := c.Flush(nil); err != nil {
+			return err
+		}
+		if _, err := c.Recv(); err != nil {
+			return err
+		}
+		return c.Discard(5)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	c.Bind(ctx)()
+	if dr.set != 0 {
+		t.Fatalf("a Bind nothing used set %d deadlines", dr.set)
+	}
+
+	unbindOuter := c.Bind(context.Background())
+	if err := get(); err != nil {
+		t.Fatal(err)
+	}
+	if dr.set != 1 || !dr.last.IsZero() {
+		t.Fatalf("after a call under a Bind without deadline: %d deadlines set, the last %v", dr.set, dr.last)
+	}
+	dl := time.Now().Add(time.Hour)
+	inner, cancelInner := context.WithDeadline(context.Background(), dl)
+	unbindInner := c.Bind(inner)
+	if err := get(); err != nil {
+		t.Fatal(err)
+	}
+	if !dr.last.Equal(dl) {
+		t.Fatalf("the inner Bind's deadline: %v, want %v", dr.last, dl)
+	}
+	unbindInner()
+	cancelInner()
+	if !dr.last.IsZero() {
+		t.Fatalf("after the inner Bind, the socket's deadline is %v, not the outer's (none)", dr.last)
+	}
+	if err := get(); err != nil {
+		t.Fatalf("a call under the outer Bind after the inner one: %v", err)
+	}
+	unbindOuter()
+
+	done, cancelDone := context.WithCancel(context.Background())
+	cancelDone()
+	defer c.Bind(done)()
+	if err := get(); !isTimeout(err) {
+		t.Fatalf("a call under a Bind whose context is done: %v", err)
+	}
+	if c.Usable() {
+		t.Fatal("the connection is usable after a call failed on its socket")
+	}
+}
+
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()

@@ -62,13 +62,22 @@ type Conn struct {
 	// the outermost Bind's unbind, made once.
 	bound     binding
 	unbindTop func()
+	// armed numbers the bindings that reached the socket. deadlineMu
+	// orders the socket's deadline between a binding's cancellation
+	// (context.AfterFunc, its own goroutine) and the unbind that gives
+	// the socket back: only the binding whose number is current may set
+	// it.
+	armed      uint64
+	deadlineMu sync.Mutex
+	current    uint64 // guarded by deadlineMu; 0: none
 }
 
 // binding is a Bind's context and how far it was applied to the socket:
-// armed once its deadline is set, stop to take back its cancellation.
+// armed (its number, 0 until then) once its deadline is set, stop to take
+// back its cancellation.
 type binding struct {
 	ctx   context.Context
-	armed bool
+	armed uint64
 	stop  func() bool
 }
 
@@ -220,13 +229,16 @@ func (c *Conn) Bind(ctx context.Context) (unbind func()) {
 func (c *Conn) unbind(prev binding) {
 	b := c.bound
 	c.bound = prev
-	if !b.armed {
+	if b.armed == 0 {
 		return
 	}
 	if b.stop != nil {
 		b.stop()
 	}
-	if prev.armed {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	c.current = prev.armed
+	if prev.armed != 0 {
 		c.applyDeadline(prev.ctx)
 	}
 }
@@ -235,18 +247,29 @@ func (c *Conn) unbind(prev binding) {
 // that reads or writes the socket calls it first.
 func (c *Conn) arm() {
 	b := &c.bound
-	if b.ctx == nil || b.armed {
+	if b.ctx == nil || b.armed != 0 {
 		return
 	}
-	b.armed = true
+	c.armed++
+	b.armed = c.armed
+	c.deadlineMu.Lock()
+	c.current = b.armed
 	c.applyDeadline(b.ctx)
+	c.deadlineMu.Unlock()
 	if b.ctx.Done() != nil {
-		b.stop = context.AfterFunc(b.ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+		n := b.armed
+		b.stop = context.AfterFunc(b.ctx, func() {
+			c.deadlineMu.Lock()
+			defer c.deadlineMu.Unlock()
+			if c.current == n {
+				c.nc.SetDeadline(time.Unix(1, 0))
+			}
+		})
 	}
 }
 
 // applyDeadline sets ctx's deadline on the socket: none without one, one
-// long past once ctx is done.
+// long past once ctx is done. REQUIRES: c.deadlineMu.
 func (c *Conn) applyDeadline(ctx context.Context) {
 	switch dl, ok := ctx.Deadline(); {
 	case ctx.Err() != nil:

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -136,16 +138,26 @@ func TestConnDeadline(t *testing.T) {
 	}
 }
 
-// deadlineRecorder is a net.Conn that records the deadlines set on it.
+// deadlineRecorder is a net.Conn that records the deadlines set on it,
+// from any goroutine.
 type deadlineRecorder struct {
 	net.Conn
+	mu   sync.Mutex
 	set  int
 	last time.Time
 }
 
 func (d *deadlineRecorder) SetDeadline(t time.Time) error {
+	d.mu.Lock()
 	d.set, d.last = d.set+1, t
+	d.mu.Unlock()
 	return d.Conn.SetDeadline(t)
+}
+
+func (d *deadlineRecorder) state() (set int, last time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.set, d.last
 }
 
 // TestConnBindArmsOnUse checks that a Bind reaches the socket only when an
@@ -175,7 +187,7 @@ func TestConnBindArmsOnUse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	c.Bind(ctx)()
-	if dr.set != 0 {
+	if set, _ := dr.state(); set != 0 {
 		t.Fatalf("a Bind nothing used set %d deadlines", dr.set)
 	}
 
@@ -183,8 +195,8 @@ func TestConnBindArmsOnUse(t *testing.T) {
 	if err := get(); err != nil {
 		t.Fatal(err)
 	}
-	if dr.set != 1 || !dr.last.IsZero() {
-		t.Fatalf("after a call under a Bind without deadline: %d deadlines set, the last %v", dr.set, dr.last)
+	if set, last := dr.state(); set != 1 || !last.IsZero() {
+		t.Fatalf("after a call under a Bind without deadline: %d deadlines set, the last %v", set, last)
 	}
 	dl := time.Now().Add(time.Hour)
 	inner, cancelInner := context.WithDeadline(context.Background(), dl)
@@ -192,16 +204,38 @@ func TestConnBindArmsOnUse(t *testing.T) {
 	if err := get(); err != nil {
 		t.Fatal(err)
 	}
-	if !dr.last.Equal(dl) {
-		t.Fatalf("the inner Bind's deadline: %v, want %v", dr.last, dl)
+	if _, last := dr.state(); !last.Equal(dl) {
+		t.Fatalf("the inner Bind's deadline: %v, want %v", last, dl)
 	}
 	unbindInner()
 	cancelInner()
-	if !dr.last.IsZero() {
-		t.Fatalf("after the inner Bind, the socket's deadline is %v, not the outer's (none)", dr.last)
+	if _, last := dr.state(); !last.IsZero() {
+		t.Fatalf("after the inner Bind, the socket's deadline is %v, not the outer's (none)", last)
 	}
 	if err := get(); err != nil {
 		t.Fatalf("a call under the outer Bind after the inner one: %v", err)
+	}
+
+	// An inner Bind cancelled while it holds the socket expires it; its
+	// unbind gives the outer one its deadline back.
+	inner, cancelInner = context.WithCancel(context.Background())
+	unbindInner = c.Bind(inner)
+	if err := get(); err != nil {
+		t.Fatal(err)
+	}
+	cancelInner()
+	for {
+		if _, last := dr.state(); last.Equal(time.Unix(1, 0)) {
+			break
+		}
+		runtime.Gosched() // the cancellation's own goroutine sets it
+	}
+	unbindInner()
+	if _, last := dr.state(); !last.IsZero() {
+		t.Fatalf("after a cancelled inner Bind, the socket's deadline is %v, not the outer's (none)", last)
+	}
+	if err := get(); err != nil {
+		t.Fatalf("a call under the outer Bind after a cancelled inner one: %v", err)
 	}
 	unbindOuter()
 

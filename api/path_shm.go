@@ -917,8 +917,9 @@ func (s *shmPath) keepBehindErrLocked(b behindPut, err error) {
 }
 
 // flushBehind has every write-behind commit answered (the post in flight
-// and the queued ones), within ctx, and returns the failures of write-behind puts since the last flushBehind,
-// joined (nil: every one is stored).
+// and the queued ones), within ctx, and returns the failures of
+// write-behind puts since the last flushBehind, joined (nil: every one is
+// stored).
 func (s *shmPath) flushBehind(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1115,7 +1116,7 @@ func (s *shmPath) wakeAhead() {
 		return
 	}
 	if err := s.conn.WakeAhead(); err != nil {
-		s.broken = fmt.Errorf("%w: client: the shm session with %s ended: %v", ErrUnavailable, s.nodeID, err)
+		s.breakLocked(err)
 	}
 }
 
@@ -1186,9 +1187,9 @@ func (s *shmPath) remove(ctx context.Context, tenant, namespace string, keys [][
 	return errs, nil
 }
 
-// session runs f on the session's connection, after settling a
-// write-behind commit in flight and queueing any pending releases, with
-// the session lock held; a broken connection breaks the session.
+// session runs f on the session's connection, after every write-behind
+// commit is answered (drainLocked) and any pending releases are queued,
+// with the session lock held; a broken connection breaks the session.
 func (s *shmPath) session(ctx context.Context, f func(c *wire.Conn) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1201,7 +1202,7 @@ func (s *shmPath) session(ctx context.Context, f func(c *wire.Conn) error) error
 	s.queueReleasesLocked()
 	err := f(s.conn)
 	if !s.conn.Usable() {
-		s.broken = fmt.Errorf("%w: client: the shm session with %s ended: %v", ErrUnavailable, s.nodeID, err)
+		s.breakLocked(err)
 	}
 	return err
 }

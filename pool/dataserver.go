@@ -155,10 +155,10 @@ type session struct {
 	// reservation handle; nil unless the node keeps grants.
 	grants map[uint64]grant
 	// spare holds the handles of the reservations the node made ahead of
-	// this session's next puts (wire.FlagReserveNext), 0 where none: two
-	// at most, so that a writer whose commits go out ahead of their
-	// answers (a write-behind put) copies into one while the node makes
-	// the next.
+	// this session's next puts (wire.FlagReserveNext), 0 where none:
+	// maxSessionSpares at most, so that a writer whose commits go out
+	// ahead of their answers (a write-behind put) copies into one while
+	// the node makes the next.
 	spare [maxSessionSpares]uint64
 	// spares counts the node's spares (dataServer.spares); nil outside a
 	// data server.

@@ -638,10 +638,9 @@ func (c *Conn) RoundTrip(ctx context.Context, r *Request) (*Response, error) {
 // the post in this goroutine (ServeLocally), then reads the answer. The
 // post is answered before ServePost returns, and an answer too long for
 // the mailbox is in the socket by then: nothing waits on the socket, so
-// ctx is not bound to it. Binding costs a deadline and a
-// context.AfterFunc per call, 9 % of a 64 KiB put in process. Only a post
-// left unanswered (the session ended) waits on the socket for why, under
-// ctx. As before, a post is served even when ctx is done, so the session
+// ctx is not bound to it (an answer read from the socket is read whatever
+// ctx says). Only a post left unanswered (the session ended) waits on the
+// socket for why, under ctx. As before, a post is served even when ctx is done, so the session
 // stays in step with the node.
 func (c *Conn) roundTripLocally(ctx context.Context) (*Response, error) {
 	mb := c.mbox

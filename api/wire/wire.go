@@ -206,10 +206,10 @@ const (
 	// of two. A spare belongs to the session: the node does not reclaim
 	// it on the reservation timeout, only when the session aborts it or
 	// ends. (Reserve): the reservation is such a spare, made on its own:
-	// a write-behind writer asks for a second one beside a commit, so it
-	// copies into one while the node makes the next. A session holds two
-	// spares at most; only a node whose Info says session_spares 2 or more
-	// takes the flag on a Reserve.
+	// a write-behind writer asks for more than the one a commit brings, so
+	// it copies into one while the node makes the next. A session holds
+	// as many spares as the node's Info says (session_spares); only a
+	// node that says 2 or more takes the flag on a Reserve.
 	FlagReserveNext = 1 << 4
 	// FlagServeLocally (Mailbox): the client is the node's own process
 	// and serves its posts itself (see LocalServer): the node registers

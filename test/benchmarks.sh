@@ -66,6 +66,8 @@ go test -run x -bench Fragmentation -benchtime 1x ./pool/store | grep Benchmark
 echo "== CRC-32C"
 go test -run x -bench Checksum ./api/internal/crc32c | grep Benchmark
 go test -run x -bench CopyAfterPause ./api/internal/crc32c | grep Benchmark
+echo "== what two processes sharing the cores allow a same-host put (no kvpool)"
+go test -run '^$' -bench SameHostCeiling -benchtime 1x ./pool/bench | grep Benchmark
 echo "== cluster metadata: publication, mirror lag, Locate, mirror memory"
 go test -run x -bench 'Publish|MirrorMemory' -benchtime 1x ./metadata | grep Benchmark
 go test -run x -bench 'Locate$' ./metadata | grep Benchmark

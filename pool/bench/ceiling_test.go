@@ -142,6 +142,14 @@ func runCeiling(b *testing.B, mem []byte, f *os.File, writers int, mode string, 
 		if err := server.Start(); err != nil {
 			b.Fatal(err)
 		}
+		// A run that fails leaves no server behind.
+		defer func() {
+			if server.ProcessState == nil {
+				words.stop.Store(1)
+				server.Process.Kill()
+				server.Wait()
+			}
+		}()
 		for deadline := time.Now().Add(10 * time.Second); words.ready.Load() == 0; {
 			if time.Now().After(deadline) {
 				b.Fatal("the ceiling's server did not start")
@@ -217,6 +225,9 @@ func TestSameHostCeilingServer(t *testing.T) {
 	if mode == "" {
 		t.Skip("BenchmarkSameHostCeiling's server process")
 	}
+	if mode != "sync" && mode != "ahead4" && mode != "lazy32" {
+		t.Fatalf("KVPOOL_CEILING_SERVER=%q: sync, ahead4 or lazy32", mode)
+	}
 	writers, err := strconv.Atoi(os.Getenv("KVPOOL_CEILING_WRITERS"))
 	if err != nil || writers < 1 || writers > 8 {
 		t.Fatalf("KVPOOL_CEILING_WRITERS=%q", os.Getenv("KVPOOL_CEILING_WRITERS"))
@@ -230,7 +241,13 @@ func TestSameHostCeilingServer(t *testing.T) {
 	words := (*ceilingWords)(unsafe.Pointer(&mem[0]))
 	var seen [8]uint32
 	words.ready.Store(1)
+	// A run lasts half a second; a server whose benchmark died without
+	// stopping it stops by itself.
+	deadline := time.Now().Add(time.Minute)
 	for idle := 0; words.stop.Load() == 0; {
+		if idle%4096 == 4095 && time.Now().After(deadline) {
+			t.Fatal("the benchmark never stopped its server")
+		}
 		served := false
 		for w := range writers {
 			if r := words.slots[w].req.Load(); r != seen[w] {
@@ -243,6 +260,9 @@ func TestSameHostCeilingServer(t *testing.T) {
 		case served:
 			idle = 0
 		case mode == "lazy32":
+			if time.Now().After(deadline) {
+				t.Fatal("the benchmark never stopped its server")
+			}
 			time.Sleep(time.Millisecond)
 		default:
 			if idle++; idle%16 == 0 {

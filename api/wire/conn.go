@@ -640,8 +640,8 @@ func (c *Conn) RoundTrip(ctx context.Context, r *Request) (*Response, error) {
 // the mailbox is in the socket by then: nothing waits on the socket, so
 // ctx is not bound to it (an answer read from the socket is read whatever
 // ctx says). Only a post left unanswered (the session ended) waits on the
-// socket for why, under ctx. As before, a post is served even when ctx is done, so the session
-// stays in step with the node.
+// socket for why, under ctx. As before, a post is served even when ctx is
+// done, so the session stays in step with the node.
 func (c *Conn) roundTripLocally(ctx context.Context) (*Response, error) {
 	mb := c.mbox
 	seq, _ := mb.Post(c.out)

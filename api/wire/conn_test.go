@@ -188,7 +188,7 @@ func TestConnBindArmsOnUse(t *testing.T) {
 	defer cancel()
 	c.Bind(ctx)()
 	if set, _ := dr.state(); set != 0 {
-		t.Fatalf("a Bind nothing used set %d deadlines", dr.set)
+		t.Fatalf("a Bind nothing used set %d deadlines", set)
 	}
 
 	unbindOuter := c.Bind(context.Background())

@@ -88,12 +88,15 @@ type ceilingWords struct {
 	stop  atomic.Uint32
 	ready atomic.Uint32 // the server watches
 	_     [56]byte
-	slots [8]struct {
-		req  atomic.Uint32
-		_    [60]byte
-		resp atomic.Uint32
-		_    [60]byte
-	}
+	slots [8]ceilingSlot
+}
+
+// ceilingSlot is one writer's request and response words.
+type ceilingSlot struct {
+	req  atomic.Uint32
+	_    [60]byte
+	resp atomic.Uint32
+	_    [60]byte
 }
 
 // ceilingMapping maps the shared region for writers: a memfd on huge
@@ -178,24 +181,16 @@ func runCeiling(b *testing.B, mem []byte, f *os.File, writers int, mode string, 
 				if mode == "alone" {
 					continue
 				}
+				// Post, with at most window posts unanswered (sync: wait
+				// for this one's answer after posting it).
 				post := slot.req.Load() + 1
-				// Wait for the answer window posts back (sync: this one,
-				// after posting it).
 				if window > 0 {
-					for i := 1; slot.resp.Load()+window < post; i++ {
-						if i%64 == 0 {
-							yieldCore()
-						}
-					}
+					awaitAnswer(slot, post-window)
 				}
 				slot.req.Store(post)
 				switch mode {
 				case "sync":
-					for i := 1; slot.resp.Load() != post; i++ {
-						if i%64 == 0 {
-							yieldCore()
-						}
-					}
+					awaitAnswer(slot, post)
 				case "ahead4":
 					yieldCore()
 				}
@@ -268,6 +263,17 @@ func TestSameHostCeilingServer(t *testing.T) {
 			if idle++; idle%16 == 0 {
 				yieldCore()
 			}
+		}
+	}
+}
+
+// awaitAnswer polls until the server has answered post n of slot (n
+// counts from 1; 0 and below are answered), yielding the core every 64
+// looks.
+func awaitAnswer(slot *ceilingSlot, n uint32) {
+	for i := 1; int32(slot.resp.Load()-n) < 0; i++ {
+		if i%64 == 0 {
+			yieldCore()
 		}
 	}
 }

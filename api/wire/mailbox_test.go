@@ -3,6 +3,7 @@ package wire
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -348,6 +349,11 @@ func TestConnMailboxRoundTrips(t *testing.T) {
 // A client whose post finds the node awake, yet gets no answer within
 // its poll, wakes the session's goroutine before it parks: a watcher that
 // lost its core (the node's sweeper) does not leave the post waiting.
+//
+// The node's reader parks after each post it serves; a post made before
+// it has parked is one it finds itself, without a wake, so under load not
+// every post needs one. Every post must be answered, though: without the
+// wake the client would wait for ever on a socket nobody writes to.
 func TestConnMailboxWakesAStalledNode(t *testing.T) {
 	cu, su := unixPair(t)
 	node := &echoNode{stalledWatcher: true}
@@ -355,7 +361,9 @@ func TestConnMailboxWakesAStalledNode(t *testing.T) {
 	c := NewConn(cu, ConnConfig{SpinWait: 100 * time.Microsecond, Spinners: NewSpinners()})
 	handOver(t, cu, c)
 	for i := uint64(1); i <= 20; i++ {
-		r, err := c.RoundTrip(t.Context(), &Request{Op: OpCommit, Handle: i})
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		r, err := c.RoundTrip(ctx, &Request{Op: OpCommit, Handle: i})
+		cancel()
 		if err != nil || r.Handle != i+1 {
 			t.Fatalf("round trip %d: %+v %v", i, r, err)
 		}
@@ -367,9 +375,10 @@ func TestConnMailboxWakesAStalledNode(t *testing.T) {
 			wakes++
 		}
 	}
-	if wakes < 20 {
-		t.Fatalf("%d wakes for 20 posts the node looked awake for and did not serve", wakes)
+	if wakes == 0 {
+		t.Fatal("no wake for 20 posts the node looked awake for and did not serve")
 	}
+	t.Logf("%d wakes for 20 posts", wakes)
 }
 
 // A post made ahead (PostAhead) is answered while the client does

@@ -617,6 +617,25 @@ func TestBenchSmoke(t *testing.T) {
 		if wantFloor == "" && res["floor"] != nil {
 			t.Errorf("bench %v measured a floor it has none of: %s", args, r.stdout)
 		}
+		// Every run over raw TCP in this process also measures the
+		// streams checked as kvpool's ends check them.
+		wantChecked := ""
+		switch {
+		case args[0] == "--remote":
+			wantChecked = "each block checksummed as it arrives"
+		case slices.Contains(args, "shm"):
+		case args[1] == "put":
+			wantChecked = "each value checksummed as it is sent and as it arrives"
+		default:
+			wantChecked = "each block checksummed as it arrives"
+		}
+		checked, _ := res["checked_gbps"].(float64)
+		switch {
+		case wantChecked != "" && (checked <= 0 || res["ratio_to_checked"] == nil || !strings.Contains(fmt.Sprint(res["checked"]), wantChecked)):
+			t.Errorf("bench %v measured no checked streams (%q): %s", args, wantChecked, r.stdout)
+		case wantChecked == "" && res["checked"] != nil:
+			t.Errorf("bench %v measured checked streams it has none of: %s", args, r.stdout)
+		}
 		if !strings.Contains(r.stderr, "100%") {
 			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)
 		}

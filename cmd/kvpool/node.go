@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"text/tabwriter"
 	"time"
 
@@ -108,7 +109,7 @@ func nodeBenchCmd(e *env) *cobra.Command {
 	var blockBytes int64 = 2 << 20
 	var path string
 	var asJSON, quiet bool
-	var cpuProfile, memProfile string
+	var cpuProfile, memProfile, execTrace string
 	var remote, authCompare bool
 	var diskDir, segmentPath string
 	var diskIO disk.IOMode
@@ -126,7 +127,12 @@ the physical baseline it must be judged against:
                          A put in this process also gets a floor: the same
                          raw connections sending each call's values and
                          waiting for a 16-byte answer before the next, as a
-                         put waits for the node's
+                         put waits for the node's. Each run over
+                         TCP in this process also measures the streams
+                         checked: every block checksummed (CRC-32C) as it
+                         arrives and, for a put, as it is sent, as kvpool's
+                         ends must; where the CPUs bound raw TCP, that is the
+                         most any transfer that checks its bytes moves here
   --path shm             single-threaded memcpy of the same size (per client);
                          gets of blocks a client read before skip the node
                          (--no-location-cache makes every get ask it)
@@ -158,7 +164,9 @@ with as many connections as the transport uses. With the tcp transport it also
 measures a floor: the same raw connections asked for one chain's bytes at a
 time, each chain read in full before the next is asked for, which is what a
 fetch costing nothing of its own would reach (the streaming baseline never
-waits on a round trip; one fetcher fetching chain after chain always does).
+waits on a round trip; one fetcher fetching chain after chain always does),
+and the streams checked (each block checksummed as it arrives, as the fetcher
+verifies it).
 
 Half of the baseline runs before the measured phase and half after, so drift
 on a noisy machine hits both. Without --server, bench starts a node in this
@@ -219,6 +227,17 @@ result to stdout (--json for machines).`,
 					return err
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if execTrace != "" {
+				f, err := os.Create(execTrace)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := trace.Start(f); err != nil {
+					return err
+				}
+				defer trace.Stop()
 			}
 			if memProfile != "" {
 				f, err := os.Create(memProfile)
@@ -292,10 +311,17 @@ result to stdout (--json for machines).`,
 				fmt.Fprintf(e.stdout, "  floor       %.2f GB/s  %s\n", res.FloorGBps, res.Floor)
 				fmt.Fprintf(e.stdout, "  of floor    %.3f\n", res.RatioToFloor)
 			}
+			if res.Checked != "" {
+				fmt.Fprintf(e.stdout, "  checked     %.2f GB/s  %s\n", res.CheckedGBps, res.Checked)
+				fmt.Fprintf(e.stdout, "  of checked  %.3f\n", res.RatioToChecked)
+			}
 			for i, r := range res.Rounds {
 				fmt.Fprintf(e.stdout, "  round %d     %.2f GB/s, baseline %.2f GB/s, ratio %.3f", i+1, r.GBps, r.BaselineGBps, r.RatioToBaseline)
 				if r.FloorGBps > 0 {
 					fmt.Fprintf(e.stdout, "; floor %.2f GB/s, of floor %.3f", r.FloorGBps, r.RatioToFloor)
+				}
+				if r.CheckedGBps > 0 {
+					fmt.Fprintf(e.stdout, "; checked %.2f GB/s, of checked %.3f", r.CheckedGBps, r.RatioToChecked)
 				}
 				fmt.Fprintln(e.stdout)
 			}
@@ -327,6 +353,7 @@ result to stdout (--json for machines).`,
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	f.StringVar(&execTrace, "trace", "", "write a Go execution trace of the run to this file (go tool trace): where each goroutine waited, and on what")
 	f.StringVar(&memProfile, "memprofile", "", "write a profile of the run's heap allocations to this file when it ends (go tool pprof -sample_index=alloc_space)")
 	f.BoolVar(&authCompare, "auth", false, "compare, in one run, an open node, a secured node over plaintext with a token, and the secured node over TLS with a client certificate (data path; --op, --block-size, --clients, --duration and --rounds apply)")
 	f.BoolVar(&remote, "remote", false, "two nodes in this process: measure one fetching chains held by the other (--op is ignored)")

@@ -139,6 +139,17 @@ type Result struct {
 	Floor        string  `json:"floor,omitempty"`
 	FloorGBps    float64 `json:"floor_gbps,omitempty"`
 	RatioToFloor float64 `json:"ratio_to_floor,omitempty"`
+	// Checked, over TCP, is a third reference measured in the same
+	// rounds: the streaming baseline with the checksums kvpool's ends
+	// must take (a block's CRC-32C is verified whenever its bytes cross
+	// a process boundary), folded as kvpool folds them: the receiver over
+	// each piece as it arrives, and for a put the sender over each value
+	// on a second goroutine beside its write. It is the most a transfer
+	// that keeps the checksums can move here; where the CPUs, not the
+	// link, bound raw TCP, it is below the baseline.
+	Checked        string  `json:"checked,omitempty"`
+	CheckedGBps    float64 `json:"checked_gbps,omitempty"`
+	RatioToChecked float64 `json:"ratio_to_checked,omitempty"`
 	// Rounds holds each round's own figures when there is more than one.
 	Rounds []Round `json:"rounds,omitempty"`
 }
@@ -150,6 +161,8 @@ type Round struct {
 	RatioToBaseline float64 `json:"ratio_to_baseline"`
 	FloorGBps       float64 `json:"floor_gbps,omitempty"`
 	RatioToFloor    float64 `json:"ratio_to_floor,omitempty"`
+	CheckedGBps     float64 `json:"checked_gbps,omitempty"`
+	RatioToChecked  float64 `json:"ratio_to_checked,omitempty"`
 }
 
 func (c *Config) fill() error {
@@ -240,21 +253,25 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Server == "" {
 		res.Server = "in-process"
 	}
-	var base, floor baseline
+	var refs references
 	if !cfg.NoBaseline {
-		var err error
-		if base, err = newBaseline(ctx, cfg, server, clients); err != nil {
+		base, err := newBaseline(ctx, cfg, server, clients)
+		if err != nil {
 			return nil, err
 		}
 		defer base.close()
+		refs.base = base
 		res.Baseline = base.name()
-		if tb, ok := base.(*tcpBaseline); ok && cfg.Op == "put" {
-			// Streaming never waits for an answer; a put does. The
-			// floor says what the waiting costs raw TCP here.
-			floor = &tcpPutRoundTrips{stream: tb}
+		if tb, ok := base.(*tcpBaseline); ok {
+			refs.checked = &checkedTCP{stream: tb}
+			if cfg.Op == "put" {
+				// Streaming never waits for an answer; a put does. The
+				// floor says what the waiting costs raw TCP here.
+				refs.floor = &tcpPutRoundTrips{stream: tb}
+			}
 		}
 	}
-	if err := runRounds(ctx, cfg, base, floor, res, func(r int) (measurement, error) {
+	if err := runRounds(ctx, cfg, refs, res, func(r int) (measurement, error) {
 		return measure(ctx, cfg, clients, keys, r)
 	}); err != nil {
 		return nil, err
@@ -267,35 +284,45 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-// runRounds runs cfg.Rounds rounds of half the baseline (and half the
-// floor, when there is one), one measurement and the other halves, so
-// drift hits all of them, and fills res with the totals, the ratios and
-// (with more than one round) each round's figures.
-func runRounds(ctx context.Context, cfg Config, base, floor baseline, res *Result, measureRound func(r int) (measurement, error)) error {
-	var refs []baseline
-	for _, b := range []baseline{base, floor} {
+// references are what a run measures kvpool against, each nil where the
+// run has none: base is the physical limit the ratio is taken to, floor
+// (Result.Floor) and checked (Result.Checked) further references.
+type references struct {
+	base, floor, checked baseline
+}
+
+// runRounds runs cfg.Rounds rounds of half of each reference, one
+// measurement and the other halves, so drift hits all of them, and
+// fills res with the totals, the ratios and (with more than one round)
+// each round's figures.
+func runRounds(ctx context.Context, cfg Config, refs references, res *Result, measureRound func(r int) (measurement, error)) error {
+	var all []baseline
+	for _, b := range []baseline{refs.base, refs.floor, refs.checked} {
 		if b != nil {
-			refs = append(refs, b)
+			all = append(all, b)
 		}
 	}
 	runHalf := func(d time.Duration) error {
-		for _, b := range refs {
+		for _, b := range all {
 			if err := b.run(ctx, d, cfg.Progress); err != nil {
 				return fmt.Errorf("%s: %w", b.name(), err)
 			}
 		}
 		return nil
 	}
-	// rate is what b moved since before.
-	rate := func(b baseline, before meter) float64 {
-		after := b.totals()
-		return (&meter{bytes: after.bytes - before.bytes, elapsed: after.elapsed - before.elapsed}).gbps()
-	}
 	var total measurement
 	for r := range cfg.Rounds {
-		before := make([]meter, len(refs))
-		for i, b := range refs {
-			before[i] = *b.totals()
+		before := make(map[baseline]meter, len(all))
+		for _, b := range all {
+			before[b] = *b.totals()
+		}
+		// rate is what b moved in this round, 0 for no reference.
+		rate := func(b baseline) float64 {
+			if b == nil {
+				return 0
+			}
+			now, was := b.totals(), before[b]
+			return (&meter{bytes: now.bytes - was.bytes, elapsed: now.elapsed - was.elapsed}).gbps()
 		}
 		if err := runHalf(cfg.Duration / 2); err != nil {
 			return err
@@ -305,31 +332,31 @@ func runRounds(ctx context.Context, cfg Config, base, floor baseline, res *Resul
 			return err
 		}
 		total.add(m)
-		round := Round{GBps: m.gbps()}
 		if err := runHalf(cfg.Duration - cfg.Duration/2); err != nil {
 			return err
 		}
-		if base != nil {
-			round.BaselineGBps = rate(base, before[0])
-			round.RatioToBaseline = ratio(round.GBps, round.BaselineGBps)
-		}
-		if floor != nil {
-			round.FloorGBps = rate(floor, before[len(refs)-1])
-			round.RatioToFloor = ratio(round.GBps, round.FloorGBps)
-		}
+		round := Round{GBps: m.gbps(), BaselineGBps: rate(refs.base), FloorGBps: rate(refs.floor), CheckedGBps: rate(refs.checked)}
+		round.RatioToBaseline = ratio(round.GBps, round.BaselineGBps)
+		round.RatioToFloor = ratio(round.GBps, round.FloorGBps)
+		round.RatioToChecked = ratio(round.GBps, round.CheckedGBps)
 		if cfg.Rounds > 1 {
 			res.Rounds = append(res.Rounds, round)
 		}
 	}
 	total.fill(res)
-	if base != nil {
-		res.BaselineGBps = base.totals().gbps()
+	if b := refs.base; b != nil {
+		res.BaselineGBps = b.totals().gbps()
 		res.RatioToBaseline = ratio(res.GBps, res.BaselineGBps)
 	}
-	if floor != nil {
-		res.Floor = floor.name()
-		res.FloorGBps = floor.totals().gbps()
+	if b := refs.floor; b != nil {
+		res.Floor = b.name()
+		res.FloorGBps = b.totals().gbps()
 		res.RatioToFloor = ratio(res.GBps, res.FloorGBps)
+	}
+	if b := refs.checked; b != nil {
+		res.Checked = b.name()
+		res.CheckedGBps = b.totals().gbps()
+		res.RatioToChecked = ratio(res.GBps, res.CheckedGBps)
 	}
 	return nil
 }
@@ -713,9 +740,20 @@ func (b *tcpBaseline) close() {
 }
 
 func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) error {
+	return b.stream(&b.meter, false, d, p)
+}
+
+// stream sends BlockBytes frames over each client's connection for d and
+// adds what arrived to m. With checked, the ends checksum what they move
+// as kvpool's do (checkedTCP).
+func (b *tcpBaseline) stream(m *meter, checked bool, d time.Duration, p *Progress) error {
 	size := b.cfg.BlockBytes
 	frames := len(b.src) / size
-	return b.timed(p, "baseline raw tcp", d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
+	phase := "baseline raw tcp"
+	if checked {
+		phase = "checked raw tcp"
+	}
+	return m.timed(p, phase, d, b.cfg.Clients, func(i int, deadline time.Time, total *atomic.Int64) error {
 		cli, sc, err := b.pair()
 		if err != nil {
 			return err
@@ -738,6 +776,10 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 		// same frames at the same time would read them from each
 		// other's cache, which no node's clients do.)
 		frame := func(f int) int { return clientFrame(i, f, b.cfg.Clients, frames) * size }
+		// A put's sender checksums each value it sends (a get's and a
+		// fetch's sender holds the block's checksum already), on a
+		// second goroutine beside the write, as api's putOver does.
+		sum := checked && b.cfg.Op == "put"
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -747,7 +789,16 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 					off := frame(f)
 					src = b.src[off : off+size]
 				}
-				if _, err := sender.Write(src); err != nil {
+				var crc chan uint32
+				if sum {
+					crc = make(chan uint32, 1)
+					go func() { crc <- api.Checksum(src) }()
+				}
+				_, err := sender.Write(src)
+				if sum {
+					<-crc
+				}
+				if err != nil {
 					return
 				}
 			}
@@ -765,7 +816,11 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 			// Read in the same pieces the node and client use
 			// (api.RecvChunkBytes): the fastest way to drain a socket
 			// here, so the baseline is as strong as raw TCP gets.
-			if err := readPieces(receiver, dst); err != nil {
+			read := readPieces
+			if checked {
+				read = readChecked
+			}
+			if err := read(receiver, dst); err != nil {
 				if time.Now().Before(deadline) {
 					rerr = err
 				}
@@ -780,6 +835,26 @@ func (b *tcpBaseline) run(ctx context.Context, d time.Duration, p *Progress) err
 	})
 }
 
+// checkedTCP is the streaming baseline with the checksums kvpool's ends
+// take (Result.Checked). It shares the baseline's listener and regions.
+type checkedTCP struct {
+	stream *tcpBaseline
+	meter
+}
+
+func (c *checkedTCP) name() string {
+	if c.stream.cfg.Op == "put" {
+		return "raw-tcp, each value checksummed as it is sent and as it arrives"
+	}
+	return "raw-tcp, each block checksummed as it arrives"
+}
+
+func (c *checkedTCP) run(_ context.Context, d time.Duration, p *Progress) error {
+	return c.stream.stream(&c.meter, true, d, p)
+}
+
+func (c *checkedTCP) close() {} // the stream's to close
+
 // readPieces fills dst from r in reads of at most api.RecvChunkBytes.
 func readPieces(r io.Reader, dst []byte) error {
 	for off := 0; off < len(dst); {
@@ -789,6 +864,22 @@ func readPieces(r io.Reader, dst []byte) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// readChecked is readPieces folding each piece into dst's CRC-32C as it
+// arrives, as kvpool's receivers verify a block (api.ChecksumArrived).
+func readChecked(r io.Reader, dst []byte) error {
+	var crc uint32
+	for off := 0; off < len(dst); {
+		k, err := r.Read(dst[off:min(off+api.RecvChunkBytes, len(dst))])
+		crc = api.ChecksumArrived(crc, dst, off, off+k)
+		off += k
+		if err != nil && off < len(dst) {
+			return err
+		}
+	}
+	_ = crc // only the work is wanted
 	return nil
 }
 

@@ -128,7 +128,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		defer clients[i].Close()
 	}
 	res := &Result{Op: "fetch", Path: rc.Transport.String(), BlockBytes: cfg.BlockBytes, Clients: cfg.Clients, Server: "in-process, 2 nodes"}
-	var base, floor baseline
+	var refs references
 	if !cfg.NoBaseline {
 		bc := cfg
 		bc.Clients = rc.Conns
@@ -138,8 +138,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		if rc.Transport == transfer.ProtocolSHM {
 			// The shm transport copies with two workers.
 			bc.Clients = 2
-			mb := &memcpyBaseline{cfg: bc}
-			base = mb
+			refs.base = &memcpyBaseline{cfg: bc}
 			res.Baseline = "memcpy, 2 threads"
 		} else {
 			tb, err := newTCPBaseline(bc)
@@ -147,7 +146,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 				return nil, err
 			}
 			defer tb.close()
-			base = tb
+			refs.base = tb
 			res.Baseline = fmt.Sprintf("raw-tcp, %d connections", bc.Clients)
 			if cfg.SegmentPath != "" {
 				res.Baseline += ", between regions of shared memory beside " + cfg.SegmentPath
@@ -158,13 +157,14 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 					return nil, err
 				}
 				defer rt.close()
-				floor = rt
+				refs.floor = rt
+				refs.checked = &checkedTCP{stream: tb}
 			}
 		}
 	}
 	chains := len(keys) / rc.ChainBlocks
 	var next atomic.Int64
-	if err := runRounds(ctx, cfg, base, floor, res, func(int) (measurement, error) {
+	if err := runRounds(ctx, cfg, refs, res, func(int) (measurement, error) {
 		return measureFetch(ctx, cfg, rc, clients, keys, chains, &next)
 	}); err != nil {
 		return nil, err

@@ -32,17 +32,31 @@ type TCPConfig struct {
 	// each takes the next slice of the peer's queue as its window allows.
 	// Default 2.
 	ConnsPerPeer int
-	// SliceBytes cuts ops into slices of at most this many bytes, so one
-	// large op spreads over every connection, and the last slices of a
-	// batch are small enough to share out evenly. Default 512 KiB.
+	// SliceBytes is the smallest slice ops are cut into (an op smaller
+	// than it goes whole), so one large op spreads over every connection,
+	// and the last slices of a batch are small enough to share out
+	// evenly. Default 512 KiB.
 	SliceBytes int
+	// MaxSliceBytes is the largest. Each slice costs a turnaround on
+	// both ends (a request read, a response written, often a wake-up),
+	// so a batch larger than its peer's connections need to stay busy
+	// and finish together is cut coarser: into slices of its bytes for
+	// that peer over ConnsPerPeer × 4 (each connection gets four or more
+	// at the end), rounded down to 4 KiB, within [SliceBytes,
+	// MaxSliceBytes]. A chain of 64 blocks of 2 MiB over two connections
+	// moves in whole blocks, one block in four slices of 512 KiB. (On two
+	// vCPUs, whole blocks moved chains of 16 and 64 blocks 9–10 % faster
+	// than slices of 512 KiB.) Default 4 MiB; SliceBytes or less cuts
+	// every op into slices of SliceBytes.
+	MaxSliceBytes int
 	// WindowBytes bounds what each connection has asked its peer for and
-	// whose response has not begun to arrive (one slice at least). Slices
-	// beyond it wait in the peer's queue and go to whichever connection
-	// drains first, so a batch's connections finish together: a peer
-	// that fills one socket far ahead of the other no longer leaves a
-	// core idle while the other drains its share. Default 1 MiB: two
-	// slices, so the peer has the next request when it finishes one.
+	// whose response has not begun to arrive: at least two slices, and
+	// one whatever its size. Slices beyond it wait in the peer's queue
+	// and go to whichever connection drains first, so a batch's
+	// connections finish together: a peer that fills one socket far
+	// ahead of the other no longer leaves a core idle while the other
+	// drains its share. Default 1 MiB: two slices of the smallest size,
+	// so the peer has the next request when it finishes one.
 	WindowBytes int
 	// DialTimeout bounds connecting to a peer. Default 2 s.
 	DialTimeout time.Duration
@@ -100,6 +114,10 @@ func NewTCP(cfg TCPConfig) *TCP {
 	if cfg.SliceBytes <= 0 {
 		cfg.SliceBytes = 512 << 10
 	}
+	if cfg.MaxSliceBytes == 0 {
+		cfg.MaxSliceBytes = 4 << 20
+	}
+	cfg.MaxSliceBytes = max(cfg.MaxSliceBytes, cfg.SliceBytes)
 	if cfg.WindowBytes <= 0 {
 		cfg.WindowBytes = 1 << 20
 	}
@@ -316,7 +334,16 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 		peers  []*tcpPeer
 		queued [][]*slice // per peer, in op order
 		states []*opState
+		// The bytes asked of each peer, by address, for the slice size.
+		toPeer []peerBytes
 	)
+	for _, op := range ops {
+		k := slices.IndexFunc(toPeer, func(pb peerBytes) bool { return pb.addr == op.Peer })
+		if k < 0 {
+			k, toPeer = len(toPeer), append(toPeer, peerBytes{addr: op.Peer})
+		}
+		toPeer[k].bytes += len(op.Local)
+	}
 	for i, op := range ops {
 		if op.Kind != Read && op.Kind != Write {
 			b.Complete(i, 0, fmt.Errorf("transfer: op %d: kind %v", i, op.Kind))
@@ -337,7 +364,8 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 			k = len(peers)
 			peers, queued = append(peers, peer), append(queued, nil)
 		}
-		pieces := max(1, (len(op.Local)+t.cfg.SliceBytes-1)/t.cfg.SliceBytes)
+		size := t.sliceBytes(toPeer[slices.IndexFunc(toPeer, func(pb peerBytes) bool { return pb.addr == op.Peer })].bytes)
+		pieces := max(1, (len(op.Local)+size-1)/size)
 		o := &opState{b: b, i: i, peer: peer, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
 			name: op.Name, named: named, slices: make([]slice, pieces)}
 		o.left.Store(int32(pieces))
@@ -347,8 +375,8 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 			base = 0
 		}
 		for p := range pieces {
-			lo := min(p*t.cfg.SliceBytes, len(op.Local))
-			hi := min(lo+t.cfg.SliceBytes, len(op.Local))
+			lo := min(p*size, len(op.Local))
+			hi := min(lo+size, len(op.Local))
 			o.slices[p] = slice{op: o, kind: op.Kind, region: op.Region, offset: base + uint64(lo), local: op.Local[lo:hi:hi]}
 			queued[k] = append(queued[k], &o.slices[p])
 		}
@@ -377,6 +405,23 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 	}
 	return b, states, peers
 }
+
+// peerBytes is what one batch asks of one peer.
+type peerBytes struct {
+	addr  string
+	bytes int
+}
+
+// sliceBytes is the slice size of a batch that asks bytes of one peer
+// (TCPConfig.MaxSliceBytes).
+func (t *TCP) sliceBytes(bytes int) int {
+	size := bytes / (t.cfg.ConnsPerPeer * 4) &^ (4<<10 - 1)
+	return min(max(size, t.cfg.SliceBytes), t.cfg.MaxSliceBytes)
+}
+
+// window is what a connection may have asked for before it asks for s
+// as well (TCPConfig.WindowBytes).
+func (t *TCP) window(s *slice) int { return max(t.cfg.WindowBytes, 2*len(s.local)) }
 
 // drive reads the responses of b's ops (states) on the calling goroutine
 // until b is done or ctx ends: whatever has arrived on any connection of
@@ -576,7 +621,6 @@ func (p *tcpPeer) submit(q []*slice) {
 // new one, dialed by its own goroutine; once the transport is closed
 // there is none, and the queue fails with ErrClosed.
 func (p *tcpPeer) pump() {
-	window := p.t.cfg.WindowBytes
 	var give [][]*slice // per connection
 	closed := false
 	p.mu.Lock()
@@ -595,7 +639,7 @@ func (p *tcpPeer) pump() {
 				p.conns[i] = c
 			}
 			s := p.queue[0]
-			if c.given > 0 && c.given+len(s.local) > window {
+			if c.given > 0 && c.given+len(s.local) > p.t.window(s) {
 				continue
 			}
 			if give == nil {
@@ -633,7 +677,7 @@ func (p *tcpPeer) done(s *slice) {
 	var next *slice
 	p.mu.Lock()
 	c.given -= len(s.local)
-	if len(p.queue) > 0 && !c.broken.Load() && (c.given == 0 || c.given+len(p.queue[0].local) <= p.t.cfg.WindowBytes) {
+	if len(p.queue) > 0 && !c.broken.Load() && (c.given == 0 || c.given+len(p.queue[0].local) <= p.t.window(p.queue[0])) {
 		next = p.queue[0]
 		p.queue[0] = nil
 		p.queue = p.queue[1:]

@@ -127,7 +127,7 @@ func TestTCPNamedReads(t *testing.T) {
 			server := NewTCP(TCPConfig{})
 			defer server.Close()
 			addr := serveTCPWith(t, server, func(int) Serving { return Serving{Blocks: src} })
-			client := NewTCP(TCPConfig{SliceBytes: 8 << 10, WindowBytes: 16 << 10})
+			client := NewTCP(TCPConfig{SliceBytes: 8 << 10, MaxSliceBytes: 8 << 10, WindowBytes: 16 << 10})
 			defer client.Close()
 			local := make([]byte, tc.local)
 			b := client.Submit(context.Background(), []Op{{Kind: Read, Peer: addr, Name: tc.op, Local: local, Checksum: true}})

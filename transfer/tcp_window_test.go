@@ -53,7 +53,7 @@ func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
 	t.Cleanup(func() { unstall(); server.Close() })
 
 	ctx := context.Background()
-	client := NewTCP(TCPConfig{ConnsPerPeer: 2, SliceBytes: slice, WindowBytes: window})
+	client := NewTCP(TCPConfig{ConnsPerPeer: 2, SliceBytes: slice, MaxSliceBytes: slice, WindowBytes: window})
 	defer client.Close()
 	local := make([]byte, slices*slice)
 	b := client.Submit(ctx, []Op{{Kind: Read, Peer: addr, Region: 7, Offset: 512, Local: local, Checksum: true}})
@@ -84,5 +84,63 @@ func TestTCPConnectionsPullFromTheQueue(t *testing.T) {
 	}
 	if got, want := b.OpCRC(0), api.Checksum(mem[512:512+len(local)]); got != want {
 		t.Fatalf("op CRC %08x, want %08x", got, want)
+	}
+}
+
+// TestTCPSlicesFollowTheBatch checks how finely ops are cut: a batch
+// asks each of its peer's connections for four slices or more, of
+// SliceBytes at least and MaxSliceBytes at most, so a long batch moves in
+// few large requests and a short one is still spread over every
+// connection.
+func TestTCPSlicesFollowTheBatch(t *testing.T) {
+	const (
+		minSlice = 4 << 10
+		maxSlice = 64 << 10
+	)
+	mem := pattern(4<<20, 12)
+	server := NewTCP(TCPConfig{})
+	if err := server.Register(7, mem); err != nil {
+		t.Fatal(err)
+	}
+	var requests atomic.Int32
+	addr := serveTCPWith(t, server, func(int) Serving {
+		return Serving{Access: func(context.Context, Kind, RegionID, uint64, uint64) error {
+			requests.Add(1)
+			return nil
+		}}
+	})
+	t.Cleanup(func() { server.Close() })
+	client := NewTCP(TCPConfig{ConnsPerPeer: 2, SliceBytes: minSlice, MaxSliceBytes: maxSlice, WindowBytes: 2 * minSlice})
+	defer client.Close()
+	for _, tc := range []struct {
+		name     string
+		ops, op  int // how many ops of how many bytes
+		requests int32
+	}{
+		{"an op below the smallest slice goes whole", 1, 3 << 10, 1},
+		{"an op of eight smallest slices goes in eight", 1, 8 * minSlice, 8},
+		{"a larger op in eight slices of its eighth", 1, 256 << 10, 8},
+		{"a long batch in slices of the largest size", 16, 128 << 10, 32},
+		{"a batch of small ops, each whole", 64, 2 << 10, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			requests.Store(0)
+			ops := make([]Op, tc.ops)
+			for i := range ops {
+				ops[i] = Op{Kind: Read, Peer: addr, Region: 7, Offset: uint64(i * tc.op), Local: make([]byte, tc.op), Checksum: true}
+			}
+			b := client.Submit(context.Background(), ops)
+			if err := b.Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for i, op := range ops {
+				if want := mem[op.Offset : op.Offset+uint64(tc.op)]; !bytes.Equal(op.Local, want) || b.OpCRC(i) != api.Checksum(want) {
+					t.Fatalf("op %d: wrong bytes or checksum", i)
+				}
+			}
+			if got := requests.Load(); got != tc.requests {
+				t.Fatalf("%d requests, want %d", got, tc.requests)
+			}
+		})
 	}
 }

@@ -144,3 +144,23 @@ func TestTCPSlicesFollowTheBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestTCPSliceDefaults checks the largest slice's default: 1 MiB, or the
+// smallest slice where the connections run BBR, whose pacing coarse
+// slices slowed.
+func TestTCPSliceDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  TCPConfig
+		want int
+	}{
+		{TCPConfig{Congestion: "cubic"}, 1 << 20},
+		{TCPConfig{Congestion: "bbr"}, 512 << 10},
+		{TCPConfig{Congestion: "bbr", SliceBytes: 256 << 10}, 256 << 10},
+		{TCPConfig{Congestion: "bbr", MaxSliceBytes: 2 << 20}, 2 << 20},
+		{TCPConfig{Congestion: "cubic", SliceBytes: 2 << 20}, 2 << 20},
+	} {
+		if got := NewTCP(tc.cfg).cfg.MaxSliceBytes; got != tc.want {
+			t.Errorf("%+v: largest slice %d, want %d", tc.cfg, got, tc.want)
+		}
+	}
+}

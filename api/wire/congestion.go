@@ -41,6 +41,19 @@ func CongestionOrDefault(algo string) string {
 	return DefaultCongestion
 }
 
+// EffectiveCongestion is the algorithm connections configured with algo
+// run: algo itself, or for "" and CongestionHost the host's default
+// (net.ipv4.tcp_congestion_control; "" if it cannot be read).
+func EffectiveCongestion(algo string) string {
+	if algo != "" && algo != CongestionHost {
+		return algo
+	}
+	if line := procLine("/proc/sys/net/ipv4/tcp_congestion_control"); line != "unknown" {
+		return line
+	}
+	return ""
+}
+
 // ValidateCongestion reports whether algo can be set on this host's TCP
 // connections: CongestionHost and "" always can; any other name must be
 // one the kernel offers and lets this process choose

@@ -191,3 +191,12 @@ func TestCongestionOrDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestEffectiveCongestion(t *testing.T) {
+	host := hostCongestion(t)
+	for algo, want := range map[string]string{"": host, CongestionHost: host, "cubic": "cubic", "reno": "reno"} {
+		if got := EffectiveCongestion(algo); got != want {
+			t.Errorf("EffectiveCongestion(%q) = %q, want %q", algo, got, want)
+		}
+	}
+}

@@ -340,23 +340,18 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 	var (
 		peers  []*tcpPeer
 		queued [][]*slice // per peer, in op order
+		asked  []int      // bytes per peer, which size its slices
 		states []*opState
-		// The bytes asked of each peer, by address, for the slice size.
-		toPeer []peerBytes
+		// at is each op's peer in peers, -1 for one completed with its
+		// error.
+		at = make([]int, len(ops))
 	)
-	for _, op := range ops {
-		k := slices.IndexFunc(toPeer, func(pb peerBytes) bool { return pb.addr == op.Peer })
-		if k < 0 {
-			k, toPeer = len(toPeer), append(toPeer, peerBytes{addr: op.Peer})
-		}
-		toPeer[k].bytes += len(op.Local)
-	}
 	for i, op := range ops {
+		at[i] = -1
 		if op.Kind != Read && op.Kind != Write {
 			b.Complete(i, 0, fmt.Errorf("transfer: op %d: kind %v", i, op.Kind))
 			continue
 		}
-		named := len(op.Name.Key) > 0
 		if err := checkName(op); err != nil {
 			b.Complete(i, 0, fmt.Errorf("transfer: op %d: %w", i, err))
 			continue
@@ -369,11 +364,20 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 		k := slices.Index(peers, peer)
 		if k < 0 {
 			k = len(peers)
-			peers, queued = append(peers, peer), append(queued, nil)
+			peers, queued, asked = append(peers, peer), append(queued, nil), append(asked, 0)
 		}
-		size := t.sliceBytes(toPeer[slices.IndexFunc(toPeer, func(pb peerBytes) bool { return pb.addr == op.Peer })].bytes)
+		at[i] = k
+		asked[k] += len(op.Local)
+	}
+	for i, op := range ops {
+		k := at[i]
+		if k < 0 {
+			continue
+		}
+		named := len(op.Name.Key) > 0
+		size := t.sliceBytes(asked[k])
 		pieces := max(1, (len(op.Local)+size-1)/size)
-		o := &opState{b: b, i: i, peer: peer, bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
+		o := &opState{b: b, i: i, peer: peers[k], bytes: uint64(len(op.Local)), checksum: op.Checksum && op.Kind == Read,
 			name: op.Name, named: named, slices: make([]slice, pieces)}
 		o.left.Store(int32(pieces))
 		states = append(states, o)
@@ -411,12 +415,6 @@ func (t *TCP) submit(ctx context.Context, ops []Op, driven bool) (*Batch, []*opS
 		b.OnDone(func() { stop() })
 	}
 	return b, states, peers
-}
-
-// peerBytes is what one batch asks of one peer.
-type peerBytes struct {
-	addr  string
-	bytes int
 }
 
 // sliceBytes is the slice size of a batch that asks bytes of one peer

@@ -217,27 +217,25 @@ result to stdout (--json for machines).`,
 			if !quiet {
 				cfg.Progress = &bench.Progress{W: e.stderr, Terminal: isTerminal(e.stderr)}
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
+			// The CPU profile and the execution trace run for the whole
+			// run, each into its file.
+			for _, r := range []struct {
+				path  string
+				start func(io.Writer) error
+				stop  func()
+			}{{cpuProfile, pprof.StartCPUProfile, pprof.StopCPUProfile}, {execTrace, trace.Start, trace.Stop}} {
+				if r.path == "" {
+					continue
+				}
+				f, err := os.Create(r.path)
 				if err != nil {
 					return err
 				}
 				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
+				if err := r.start(f); err != nil {
 					return err
 				}
-				defer pprof.StopCPUProfile()
-			}
-			if execTrace != "" {
-				f, err := os.Create(execTrace)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := trace.Start(f); err != nil {
-					return err
-				}
-				defer trace.Stop()
+				defer r.stop()
 			}
 			if memProfile != "" {
 				f, err := os.Create(memProfile)

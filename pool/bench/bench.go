@@ -816,11 +816,7 @@ func (b *tcpBaseline) stream(m *meter, checked bool, d time.Duration, p *Progres
 			// Read in the same pieces the node and client use
 			// (api.RecvChunkBytes): the fastest way to drain a socket
 			// here, so the baseline is as strong as raw TCP gets.
-			read := readPieces
-			if checked {
-				read = readChecked
-			}
-			if err := read(receiver, dst); err != nil {
+			if err := readPieces(receiver, dst, checked); err != nil {
 				if time.Now().Before(deadline) {
 					rerr = err
 				}
@@ -855,25 +851,16 @@ func (c *checkedTCP) run(_ context.Context, d time.Duration, p *Progress) error 
 
 func (c *checkedTCP) close() {} // the stream's to close
 
-// readPieces fills dst from r in reads of at most api.RecvChunkBytes.
-func readPieces(r io.Reader, dst []byte) error {
-	for off := 0; off < len(dst); {
-		k, err := r.Read(dst[off:min(off+api.RecvChunkBytes, len(dst))])
-		off += k
-		if err != nil && off < len(dst) {
-			return err
-		}
-	}
-	return nil
-}
-
-// readChecked is readPieces folding each piece into dst's CRC-32C as it
-// arrives, as kvpool's receivers verify a block (api.ChecksumArrived).
-func readChecked(r io.Reader, dst []byte) error {
+// readPieces fills dst from r in reads of at most api.RecvChunkBytes;
+// with checksum, it folds each piece into dst's CRC-32C as it arrives, as
+// kvpool's receivers verify a block (api.ChecksumArrived).
+func readPieces(r io.Reader, dst []byte, checksum bool) error {
 	var crc uint32
 	for off := 0; off < len(dst); {
 		k, err := r.Read(dst[off:min(off+api.RecvChunkBytes, len(dst))])
-		crc = api.ChecksumArrived(crc, dst, off, off+k)
+		if checksum {
+			crc = api.ChecksumArrived(crc, dst, off, off+k)
+		}
 		off += k
 		if err != nil && off < len(dst) {
 			return err
@@ -924,7 +911,7 @@ func (b *linkBaseline) run(ctx context.Context, d time.Duration, p *Progress) er
 				return err
 			}
 			if op == wire.OpSource {
-				if err := readPieces(c, buf); err != nil {
+				if err := readPieces(c, buf, false); err != nil {
 					return err
 				}
 			}

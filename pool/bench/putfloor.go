@@ -56,7 +56,7 @@ func (b *tcpPutRoundTrips) run(ctx context.Context, d time.Duration, p *Progress
 				for n := int(binary.LittleEndian.Uint64(hdr[:])); n > 0; n -= size {
 					off := clientFrame(i, f, cfg.Clients, frames) * size
 					f++
-					if err := readPieces(sc, b.stream.src[off:off+size]); err != nil {
+					if err := readPieces(sc, b.stream.src[off:off+size], false); err != nil {
 						served <- err
 						return
 					}

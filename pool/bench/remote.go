@@ -334,11 +334,11 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 			// own; the last by this one, which then waits for the others.
 			var wg sync.WaitGroup
 			for i, c := range clients[:len(clients)-1] {
-				wg.Go(func() { _, dst := part(i); errs[i] = readPieces(c, dst) })
+				wg.Go(func() { _, dst := part(i); errs[i] = readPieces(c, dst, false) })
 			}
 			last := len(clients) - 1
 			_, dst := part(last)
-			errs[last] = readPieces(clients[last], dst)
+			errs[last] = readPieces(clients[last], dst, false)
 			wg.Wait()
 			if err := errors.Join(errs...); err != nil {
 				return err

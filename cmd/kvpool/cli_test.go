@@ -636,6 +636,14 @@ func TestBenchSmoke(t *testing.T) {
 		case wantChecked == "" && res["checked"] != nil:
 			t.Errorf("bench %v measured checked streams it has none of: %s", args, r.stdout)
 		}
+		// Fetches over TCP also measure the relayed, checked floor.
+		relayed, _ := res["relayed_gbps"].(float64)
+		switch wantRelayed := args[0] == "--remote"; {
+		case wantRelayed && (relayed <= 0 || res["ratio_to_relayed"] == nil || !strings.Contains(fmt.Sprint(res["relayed"]), "through a relay that checksums")):
+			t.Errorf("bench %v measured no relayed floor: %s", args, r.stdout)
+		case !wantRelayed && res["relayed"] != nil:
+			t.Errorf("bench %v measured a relayed floor it has none of: %s", args, r.stdout)
+		}
 		if !strings.Contains(r.stderr, "100%") {
 			t.Errorf("bench %v drew no progress bar on stderr: %q", args, r.stderr)
 		}

@@ -150,6 +150,17 @@ type Result struct {
 	Checked        string  `json:"checked,omitempty"`
 	CheckedGBps    float64 `json:"checked_gbps,omitempty"`
 	RatioToChecked float64 `json:"ratio_to_checked,omitempty"`
+	// Relayed, for fetches over TCP, is a fourth reference measured in
+	// the same rounds: the floor with what kvpool's design adds to it,
+	// nothing else. The measuring goroutine asks a relay for each chain
+	// over a loopback connection of its own, as an engine asks its node;
+	// the relay asks for the chain over the raw connections, checksums
+	// it as it arrives, and answers when all of it is in. Where kvpool's
+	// fetch comes close to it, what is left of the baseline goes to the
+	// checksum and the engine's hop on this host.
+	Relayed        string  `json:"relayed,omitempty"`
+	RelayedGBps    float64 `json:"relayed_gbps,omitempty"`
+	RatioToRelayed float64 `json:"ratio_to_relayed,omitempty"`
 	// Rounds holds each round's own figures when there is more than one.
 	Rounds []Round `json:"rounds,omitempty"`
 }
@@ -163,6 +174,8 @@ type Round struct {
 	RatioToFloor    float64 `json:"ratio_to_floor,omitempty"`
 	CheckedGBps     float64 `json:"checked_gbps,omitempty"`
 	RatioToChecked  float64 `json:"ratio_to_checked,omitempty"`
+	RelayedGBps     float64 `json:"relayed_gbps,omitempty"`
+	RatioToRelayed  float64 `json:"ratio_to_relayed,omitempty"`
 }
 
 func (c *Config) fill() error {
@@ -286,9 +299,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // references are what a run measures kvpool against, each nil where the
 // run has none: base is the physical limit the ratio is taken to, floor
-// (Result.Floor) and checked (Result.Checked) further references.
+// (Result.Floor), checked (Result.Checked) and relayed (Result.Relayed)
+// further references.
 type references struct {
-	base, floor, checked baseline
+	base, floor, checked, relayed baseline
 }
 
 // runRounds runs cfg.Rounds rounds of half of each reference, one
@@ -297,7 +311,7 @@ type references struct {
 // each round's figures.
 func runRounds(ctx context.Context, cfg Config, refs references, res *Result, measureRound func(r int) (measurement, error)) error {
 	var all []baseline
-	for _, b := range []baseline{refs.base, refs.floor, refs.checked} {
+	for _, b := range []baseline{refs.base, refs.floor, refs.checked, refs.relayed} {
 		if b != nil {
 			all = append(all, b)
 		}
@@ -335,10 +349,12 @@ func runRounds(ctx context.Context, cfg Config, refs references, res *Result, me
 		if err := runHalf(cfg.Duration - cfg.Duration/2); err != nil {
 			return err
 		}
-		round := Round{GBps: m.gbps(), BaselineGBps: rate(refs.base), FloorGBps: rate(refs.floor), CheckedGBps: rate(refs.checked)}
+		round := Round{GBps: m.gbps(), BaselineGBps: rate(refs.base), FloorGBps: rate(refs.floor),
+			CheckedGBps: rate(refs.checked), RelayedGBps: rate(refs.relayed)}
 		round.RatioToBaseline = ratio(round.GBps, round.BaselineGBps)
 		round.RatioToFloor = ratio(round.GBps, round.FloorGBps)
 		round.RatioToChecked = ratio(round.GBps, round.CheckedGBps)
+		round.RatioToRelayed = ratio(round.GBps, round.RelayedGBps)
 		if cfg.Rounds > 1 {
 			res.Rounds = append(res.Rounds, round)
 		}
@@ -357,6 +373,11 @@ func runRounds(ctx context.Context, cfg Config, refs references, res *Result, me
 		res.Checked = b.name()
 		res.CheckedGBps = b.totals().gbps()
 		res.RatioToChecked = ratio(res.GBps, res.CheckedGBps)
+	}
+	if b := refs.relayed; b != nil {
+		res.Relayed = b.name()
+		res.RelayedGBps = b.totals().gbps()
+		res.RatioToRelayed = ratio(res.GBps, res.RelayedGBps)
 	}
 	return nil
 }

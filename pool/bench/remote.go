@@ -152,12 +152,18 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 				res.Baseline += ", between regions of shared memory beside " + cfg.SegmentPath
 			}
 			if rc.Transport == transfer.ProtocolTCP {
-				rt, err := newTCPRoundTrips(bc, rc.ChainBlocks*cfg.BlockBytes, tb.src, tb.dst)
+				rt, err := newTCPRoundTrips(bc, rc.ChainBlocks*cfg.BlockBytes, false, tb.src, tb.dst)
 				if err != nil {
 					return nil, err
 				}
 				defer rt.close()
 				refs.floor = rt
+				relayed, err := newTCPRoundTrips(bc, rc.ChainBlocks*cfg.BlockBytes, true, tb.src, tb.dst)
+				if err != nil {
+					return nil, err
+				}
+				defer relayed.close()
+				refs.relayed = relayed
 				refs.checked = &checkedTCP{stream: tb}
 			}
 		}
@@ -253,16 +259,26 @@ func measureFetch(ctx context.Context, cfg Config, rc RemoteConfig, clients []*a
 // transport stripes a chain) and reading all of them before it asks for
 // the next chain. No lookup, pin, checksum or commit: what a fetch with
 // no cost of its own would take, round trips and all.
+//
+// Relayed, it is the floor of kvpool's design (Result.Relayed): the
+// measuring goroutine, the engine, asks a relay for each chain over a
+// loopback TCP connection of its own, as an engine asks its node; the
+// relay asks for the chain as above, folds each piece into the block's
+// CRC-32C as it arrives (DESIGN verifies a block wherever it crosses a
+// process boundary) and answers when all of it is in. Still no lookup,
+// pin, reservation or commit, and no spinning: every wait parks in Go's
+// netpoller.
 type tcpRoundTrips struct {
 	conns      int
 	chainBytes int
+	relayed    bool
 	congestion string // Config.TCPCongestion
 	ln         net.Listener
 	src, dst   []byte // the streaming baseline's regions, which it lends
 	meter
 }
 
-func newTCPRoundTrips(cfg Config, chainBytes int, src, dst []byte) (*tcpRoundTrips, error) {
+func newTCPRoundTrips(cfg Config, chainBytes int, relayed bool, src, dst []byte) (*tcpRoundTrips, error) {
 	if chainBytes > len(src) || chainBytes > len(dst) {
 		return nil, fmt.Errorf("%w: a %d-byte chain is larger than the %d-byte working set", api.ErrInvalidArgument, chainBytes, len(src))
 	}
@@ -270,16 +286,23 @@ func newTCPRoundTrips(cfg Config, chainBytes int, src, dst []byte) (*tcpRoundTri
 	if err != nil {
 		return nil, err
 	}
-	return &tcpRoundTrips{conns: cfg.Clients, chainBytes: chainBytes, congestion: cfg.TCPCongestion, ln: ln, src: src, dst: dst}, nil
+	return &tcpRoundTrips{conns: cfg.Clients, chainBytes: chainBytes, relayed: relayed, congestion: cfg.TCPCongestion, ln: ln, src: src, dst: dst}, nil
 }
 
 func (b *tcpRoundTrips) name() string {
+	if b.relayed {
+		return fmt.Sprintf("raw-tcp request/response, %d connections, asked for through a relay that checksums each block as it arrives", b.conns)
+	}
 	return fmt.Sprintf("raw-tcp request/response, %d connections", b.conns)
 }
 func (b *tcpRoundTrips) close() { b.ln.Close() }
 
 func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) error {
-	return b.timed(p, "floor request/response", d, 1, func(_ int, deadline time.Time, total *atomic.Int64) error {
+	phase := "floor request/response"
+	if b.relayed {
+		phase = "relayed floor"
+	}
+	return b.timed(p, phase, d, 1, func(_ int, deadline time.Time, total *atomic.Int64) error {
 		clients := make([]net.Conn, b.conns)
 		var served sync.WaitGroup
 		defer served.Wait()
@@ -313,7 +336,8 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 		share := (b.chainBytes + b.conns - 1) / b.conns
 		chains := len(b.src) / b.chainBytes
 		errs := make([]error, b.conns)
-		for ch := 0; time.Now().Before(deadline); ch++ {
+		// fetch asks for chain ch and reads all of it.
+		fetch := func(ch int) error {
 			base := (ch % chains) * b.chainBytes
 			// part(i) is connection i's share, in the same place of dst
 			// as of src.
@@ -334,17 +358,68 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 			// own; the last by this one, which then waits for the others.
 			var wg sync.WaitGroup
 			for i, c := range clients[:len(clients)-1] {
-				wg.Go(func() { _, dst := part(i); errs[i] = readPieces(c, dst, false) })
+				wg.Go(func() { _, dst := part(i); errs[i] = readPieces(c, dst, b.relayed) })
 			}
 			last := len(clients) - 1
 			_, dst := part(last)
-			errs[last] = readPieces(clients[last], dst, false)
+			errs[last] = readPieces(clients[last], dst, b.relayed)
 			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
+			return errors.Join(errs...)
+		}
+		if b.relayed {
+			engine, err := b.startRelay(&served, fetch)
+			if err != nil {
+				return err
+			}
+			defer engine.Close()
+			fetch = func(ch int) error {
+				var msg [8]byte
+				binary.LittleEndian.PutUint64(msg[:], uint64(ch))
+				if _, err := engine.Write(msg[:]); err != nil {
+					return err
+				}
+				_, err := io.ReadFull(engine, msg[:])
+				return err
+			}
+		}
+		for ch := 0; time.Now().Before(deadline); ch++ {
+			if err := fetch(ch); err != nil {
 				return err
 			}
 			total.Add(int64(b.chainBytes))
 		}
 		return nil
 	})
+}
+
+// startRelay connects the engine's side of a relayed floor to a relay
+// goroutine, counted in served, that calls fetch for each chain asked for
+// and answers when it returns; the relay stops when the engine's
+// connection, which the caller closes, does.
+func (b *tcpRoundTrips) startRelay(served *sync.WaitGroup, fetch func(ch int) error) (engine net.Conn, err error) {
+	engine, err = dialTCP(b.ln.Addr().String(), b.congestion)
+	if err != nil {
+		return nil, err
+	}
+	relay, err := b.ln.Accept()
+	if err != nil {
+		engine.Close()
+		return nil, err
+	}
+	served.Go(func() {
+		defer relay.Close()
+		var msg [8]byte
+		for {
+			if _, err := io.ReadFull(relay, msg[:]); err != nil {
+				return
+			}
+			if err := fetch(int(binary.LittleEndian.Uint64(msg[:]))); err != nil {
+				return
+			}
+			if _, err := relay.Write(msg[:]); err != nil {
+				return
+			}
+		}
+	})
+	return engine, nil
 }

@@ -169,6 +169,54 @@ func TestCombineChecksum(t *testing.T) {
 	}
 }
 
+// TestMulModP checks the branch-free multiplication against a
+// polynomial's defining identities, and the lookup tables against it.
+func TestMulModP(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	const one = 1 << 31 // x^0, bit-reflected
+	for range 1000 {
+		a, b, c := rng.Uint32(), rng.Uint32(), rng.Uint32()
+		if got := mulModP(one, a); got != a {
+			t.Fatalf("1·%08x = %08x", a, got)
+		}
+		if mulModP(a, b) != mulModP(b, a) {
+			t.Fatalf("%08x·%08x does not commute", a, b)
+		}
+		if mulModP(a, b^c) != mulModP(a, b)^mulModP(a, c) {
+			t.Fatalf("%08x·(%08x+%08x) does not distribute", a, b, c)
+		}
+		if mulModP(a, mulModP(b, c)) != mulModP(mulModP(a, b), c) {
+			t.Fatalf("(%08x·%08x)·%08x does not associate", a, b, c)
+		}
+		// x·a: a shifted one place toward x^31, reduced by P.
+		if got, want := mulModP(one>>1, a), a>>1^castagnoliReflected*(a&1); got != want {
+			t.Fatalf("x·%08x = %08x, want %08x", a, got, want)
+		}
+	}
+	for _, k := range []uint32{one, shiftBytes(64), pieceShiftConstant(), rng.Uint32()} {
+		table := newShiftTable(k)
+		for range 1000 {
+			if v := rng.Uint32(); table.mul(v) != mulModP(k, v) {
+				t.Fatalf("table of %08x: %08x·%08x = %08x, want %08x", k, k, v, table.mul(v), mulModP(k, v))
+			}
+		}
+	}
+}
+
+// BenchmarkPieceFold is the fold of what a receiver reads at a time, from
+// a random register.
+func BenchmarkPieceFold(b *testing.B) {
+	if !hasFoldCRC {
+		b.Skip("no AVX-512 VPCLMULQDQ here")
+	}
+	p := make([]byte, hybridMinBytes)
+	b.SetBytes(int64(len(p)))
+	crc := uint32(0x12345678)
+	for b.Loop() {
+		crc = hybridFold(crc*2654435761, nil, p, 0)
+	}
+}
+
 func FuzzCombineChecksum(f *testing.F) {
 	f.Add([]byte("hello, "), []byte("world"))
 	f.Fuzz(func(t *testing.T, a, b []byte) {

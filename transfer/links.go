@@ -117,7 +117,7 @@ type link struct {
 // the round trip it is added to.
 type fetchFit struct {
 	seed    [2]float64 // fixed, perBlock, seconds
-	obs     [fitWindow][3]float64
+	obs     [fitWindow]fetchObs
 	n, next int
 	samples int64
 	// solved caches the last solve: planning asks for a link's estimate
@@ -140,7 +140,12 @@ func fetchShape(blocks float64, n float64) fitTerms {
 // predict is the fit's duration, beyond the round trip, of a fetch of
 // blocks blocks and n bytes.
 func (t fitTerms) predict(blocks float64, n float64) float64 {
-	x, d := fetchShape(blocks, n), 0.0
+	return t.predictShape(fetchShape(blocks, n))
+}
+
+// predictShape is predict of a fetch of shape x.
+func (t fitTerms) predictShape(x fitTerms) float64 {
+	d := 0.0
 	for i := range t {
 		d += t[i] * x[i]
 	}
@@ -164,10 +169,22 @@ func newFit(fixed, perBlock time.Duration) fetchFit {
 	return fetchFit{seed: [2]float64{fixed.Seconds(), perBlock.Seconds()}}
 }
 
+// fetchObs is one fetch the fit weighs: its shape (fetchShape), also
+// divided by fitScale, kept so that each solve takes no logarithm or
+// division per fetch again, and the seconds it took.
+type fetchObs struct {
+	shape, scaled fitTerms
+	took          float64
+}
+
 // observe adds one fetch of blocks blocks and n bytes that took d seconds
 // in all.
 func (f *fetchFit) observe(blocks int, n int64, d float64) {
-	f.obs[f.next] = [3]float64{float64(blocks), float64(n), d}
+	o := fetchObs{shape: fetchShape(float64(blocks), float64(n)), took: d}
+	for i := range o.scaled {
+		o.scaled[i] = o.shape[i] / fitScale[i]
+	}
+	f.obs[f.next] = o
 	f.next = (f.next + 1) % fitWindow
 	f.n = min(f.n+1, fitWindow)
 	f.samples++
@@ -258,12 +275,9 @@ func (f *fetchFit) fit(rtt float64, prior, last fitTerms, free [len(fitTerms{})]
 		r[i] = w * prior[i] * fitScale[i] / (ref * ref)
 	}
 	for k := range f.n {
-		o := f.obs[k]
-		x := fetchShape(o[0], o[1])
-		for i := range x {
-			x[i] /= fitScale[i]
-		}
-		y := o[2] - rtt
+		o := &f.obs[k]
+		x := &o.scaled
+		y := o.took - rtt
 		// Each error counts relative to what the last fit expected of
 		// the fetch, and fetches far from that (a stall, a lucky run)
 		// count less the farther they are (Huber's weights, iterated as
@@ -271,13 +285,20 @@ func (f *fetchFit) fit(rtt float64, prior, last fitTerms, free [len(fitTerms{})]
 		// of a skewed spread. Weighing by what each fetch took instead
 		// trusted the fast ones most and predicted short chains 10-15 %
 		// fast.
-		expect := max(rtt+last.predict(o[0], o[1]), 1e-9)
-		wk := huberWeight((o[2]-expect)/expect) / (expect * expect)
+		expect := max(rtt+last.predictShape(o.shape), 1e-9)
+		wk := huberWeight((o.took-expect)/expect) / (expect * expect)
 		for i := range terms {
-			for j := range terms {
-				m[i][j] += wk * x[i] * x[j]
+			wx := wk * x[i]
+			for j := i; j < terms; j++ {
+				m[i][j] += wx * x[j]
 			}
-			r[i] += wk * x[i] * y
+			r[i] += wx * y
+		}
+	}
+	// Only the upper triangle was summed; the matrix is symmetric.
+	for i := range terms {
+		for j := range i {
+			m[i][j] = m[j][i]
 		}
 	}
 	for i := range terms {

@@ -300,3 +300,21 @@ func TestLinksFitFollowsTypicalFetches(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkObserveFetch is the bookkeeping after every fetch: the fit
+// solved over a full window (to clip the new fetch), then the fetch added.
+func BenchmarkObserveFetch(b *testing.B) {
+	l := NewLinks(LinkConfig{Seeds: map[string]Seed{"a": {BytesPerSecond: 5e9, RTT: 100 * time.Microsecond}}})
+	t0 := time.Unix(1000, 0)
+	chains := []int{1, 4, 16, 64}
+	for i := range fitWindow {
+		blocks := chains[i%len(chains)]
+		l.ObserveFetch("a", blocks, int64(blocks)<<21, time.Duration(blocks)*450*time.Microsecond, t0)
+	}
+	i := 0
+	for b.Loop() {
+		blocks := chains[i%len(chains)]
+		l.ObserveFetch("a", blocks, int64(blocks)<<21, time.Duration(blocks)*(400+time.Duration(i%7)*20)*time.Microsecond, t0)
+		i++
+	}
+}

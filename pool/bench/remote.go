@@ -291,7 +291,7 @@ func newTCPRoundTrips(cfg Config, chainBytes int, relayed bool, src, dst []byte)
 
 func (b *tcpRoundTrips) name() string {
 	if b.relayed {
-		return fmt.Sprintf("raw-tcp request/response, %d connections, asked for through a relay that checksums each block as it arrives", b.conns)
+		return fmt.Sprintf("raw-tcp request/response, %d connections, asked for through a relay that checksums each chain as it arrives", b.conns)
 	}
 	return fmt.Sprintf("raw-tcp request/response, %d connections", b.conns)
 }
@@ -367,7 +367,17 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 			return errors.Join(errs...)
 		}
 		if b.relayed {
-			engine, err := b.startRelay(&served, fetch)
+			// The relay's error, stored before it hangs up (atomic: the
+			// race detector sees no order in a socket's close).
+			var relayErr atomic.Pointer[error]
+			direct := fetch // the relay's; fetch becomes the engine's below
+			engine, err := b.startRelay(&served, func(ch int) error {
+				err := direct(ch)
+				if err != nil {
+					relayErr.Store(&err)
+				}
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -378,8 +388,15 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 				if _, err := engine.Write(msg[:]); err != nil {
 					return err
 				}
-				_, err := io.ReadFull(engine, msg[:])
-				return err
+				if _, err := io.ReadFull(engine, msg[:]); err != nil {
+					// The relay hung up: its own error says why, when
+					// it has one.
+					if p := relayErr.Load(); p != nil {
+						return *p
+					}
+					return err
+				}
+				return nil
 			}
 		}
 		for ch := 0; time.Now().Before(deadline); ch++ {

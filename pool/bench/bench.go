@@ -741,10 +741,17 @@ func dialTCP(addr, algo string) (net.Conn, error) {
 func (b *tcpBaseline) pair() (client, server net.Conn, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if client, err = dialTCP(b.ln.Addr().String(), b.cfg.TCPCongestion); err != nil {
+	return acceptDialed(b.ln, b.cfg.TCPCongestion)
+}
+
+// acceptDialed dials ln with congestion control algo and accepts the
+// connection: both ends of it. The caller serializes calls on one
+// listener, or the ends of two connections may cross.
+func acceptDialed(ln net.Listener, algo string) (client, server net.Conn, err error) {
+	if client, err = dialTCP(ln.Addr().String(), algo); err != nil {
 		return nil, nil, err
 	}
-	if server, err = b.ln.Accept(); err != nil {
+	if server, err = ln.Accept(); err != nil {
 		client.Close()
 		return nil, nil, err
 	}

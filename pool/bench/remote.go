@@ -307,15 +307,11 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 		var served sync.WaitGroup
 		defer served.Wait()
 		for i := range clients {
-			c, err := dialTCP(b.ln.Addr().String(), b.congestion)
+			c, s, err := acceptDialed(b.ln, b.congestion)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			s, err := b.ln.Accept()
-			if err != nil {
-				return err
-			}
 			clients[i] = c
 			served.Go(func() {
 				defer s.Close()
@@ -414,13 +410,8 @@ func (b *tcpRoundTrips) run(ctx context.Context, d time.Duration, p *Progress) e
 // and answers when it returns; the relay stops when the engine's
 // connection, which the caller closes, does.
 func (b *tcpRoundTrips) startRelay(served *sync.WaitGroup, fetch func(ch int) error) (engine net.Conn, err error) {
-	engine, err = dialTCP(b.ln.Addr().String(), b.congestion)
+	engine, relay, err := acceptDialed(b.ln, b.congestion)
 	if err != nil {
-		return nil, err
-	}
-	relay, err := b.ln.Accept()
-	if err != nil {
-		engine.Close()
 		return nil, err
 	}
 	served.Go(func() {

@@ -103,7 +103,7 @@ func newShiftTable(k uint32) *shiftTable {
 // pieceShiftConstant is x^(8·streamLen) for the streams hybridFold hands
 // the CRC32 instruction in a piece of hybridMinBytes.
 func pieceShiftConstant() uint32 {
-	return shiftBytes(uint64((hybridMinBytes - 256) / 768 * 64))
+	return shiftBytes(piecePasses * 64)
 }
 
 // mul returns v times the table's constant, modulo P.

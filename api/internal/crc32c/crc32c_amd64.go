@@ -30,15 +30,12 @@ func foldCopyCRC(crc uint32, dst, src []byte) uint32 {
 	return hybridFold(crc, dst, src, mode)
 }
 
-// piecePasses is hybridFold's passes over a piece of hybridMinBytes (64
-// KiB, what kvpool's receivers read at most at a time, so most of what
-// they fold), and pieceShift moves a register past one of its streams:
-// four lookups where the multiplications took about 300 ns, a third of
-// the fold's time for such a piece.
-var (
-	piecePasses = (hybridMinBytes - 256) / 768
-	pieceShift  = newShiftTable(pieceShiftConstant())
-)
+// pieceShift moves a register past one of the streams of a piece of
+// hybridMinBytes (64 KiB, what kvpool's receivers read at most at a
+// time, so most of what they fold): four lookups where the
+// multiplications took about 300 ns, a third of the fold's time for such
+// a piece.
+var pieceShift = newShiftTable(pieceShiftConstant())
 
 // hybridFold folds src (a positive multiple of 256 bytes) in the given
 // mode. From hybridMinBytes, about a third of it goes to the CRC32

@@ -38,7 +38,10 @@ type doors struct {
 	// congestion is the TCP congestion control of the data and transfer
 	// connections it accepts (ServerConfig.TCPCongestion).
 	congestion string
-	log        *slog.Logger
+	// transferSendBuffer is the send buffer of the transfer connections
+	// it accepts (TransferConfig.ServeSendBufferBytes; ≤ 0: the kernel's).
+	transferSendBuffer int64
+	log                *slog.Logger
 	// acceptFailed counts a failed accept of a door; nil counts nothing.
 	acceptFailed func(door string)
 	// sorted counts a TCP connection once its protocol is known; nil
@@ -244,13 +247,13 @@ func (d *doors) sniff(ctx context.Context, c net.Conn, release func(), data func
 			d.log.Warn("data connection with a bad preamble", "remote", remote(c), "err", err)
 			return false
 		}
-		d.tuneTCP(c)
+		d.tuneTCP(c, 0)
 		data(c, token)
 	case bytes.Equal(first[:4], transfer.TCPPreamble[:4]):
 		count("transfer")
 		if token, err := readPreamble(c, &first, transfer.TCPPreamble); err == nil {
 			c.SetReadDeadline(time.Time{})
-			d.tuneTCP(c)
+			d.tuneTCP(c, d.transferSendBuffer)
 			xfer(ctx, c, token)
 		}
 	default:
@@ -279,8 +282,9 @@ func readPreamble(c net.Conn, first *[8]byte, want [8]byte) (token string, err e
 // blocks: no Nagle delay, and the node's congestion control (these
 // connections send the bytes of Gets and of peers' reads). They have it
 // from the listener already; setting it again costs nothing and keeps
-// the contract local.
-func (d *doors) tuneTCP(c net.Conn) {
+// the contract local. A positive sendBuffer sets the socket's send
+// buffer (SO_SNDBUF), which turns the kernel's autotuning of it off.
+func (d *doors) tuneTCP(c net.Conn, sendBuffer int64) {
 	if tc := tlsConnOf(c); tc != nil {
 		c = tc.NetConn()
 	}
@@ -295,6 +299,11 @@ func (d *doors) tuneTCP(c net.Conn) {
 				// New checked the algorithm; the connection works on
 				// with the host's.
 				d.log.Debug("congestion control not set", "remote", remote(c), "err", err)
+			}
+			if sendBuffer > 0 {
+				if err := v.SetWriteBuffer(int(sendBuffer)); err != nil {
+					d.log.Debug("send buffer not set", "remote", remote(c), "err", err)
+				}
 			}
 		}
 		return

@@ -170,6 +170,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.doors.limits = connLimits{perDoor: cfg.MaxConnsPerDoor, perRemote: cfg.MaxConnsPerRemote,
 		refused: func(door, reason string) { n.metrics.refusedConns.WithLabelValues(door, reason).Inc() }}
+	n.doors.transferSendBuffer = cfg.ServeSendBufferBytes
 	if err := n.doors.listen(&n.cfg.ServerConfig); err != nil {
 		return nil, errors.Join(err, n.Close())
 	}

@@ -398,8 +398,9 @@ func TestConfigFile(t *testing.T) {
 		t.Fatalf("unknown config key and bad value: exit %d, %q", r.code, r.stderr)
 	}
 	// Every bad setting is reported, all at once, before etcd starts.
-	if r := kv(t, nil, "node", "serve", "--capacity", "32MiB", "--transport", "rdma", "--transfer-conns", "65", "--fetch-timeout", "-1s"); r.code != 2 ||
+	if r := kv(t, nil, "node", "serve", "--capacity", "32MiB", "--transport", "rdma", "--transfer-conns", "65", "--fetch-timeout", "-1s", "--transfer-send-buffer", "1KiB"); r.code != 2 ||
 		!strings.Contains(r.stderr, `"rdma"`) || !strings.Contains(r.stderr, "transfer connections 65") || !strings.Contains(r.stderr, "fetch timeout") ||
+		!strings.Contains(r.stderr, "transfer send buffer 1024 bytes") ||
 		strings.Contains(r.stderr, "etcd") {
 		t.Fatalf("bad transfer flags: exit %d, %q", r.code, r.stderr)
 	}

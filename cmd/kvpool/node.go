@@ -368,6 +368,7 @@ result to stdout (--json for machines).`,
 	f.Var(textV[transfer.Protocol]{&rc.Transport}, "transport", "with --remote: the transport the fetching node pulls with: tcp, grpc, or shm (both nodes on this host; the baseline is then memcpy)")
 	f.IntVar(&rc.Conns, "conns", rc.Conns, "with --remote: tcp connections per peer (the raw-TCP baseline uses as many)")
 	f.IntVar(&rc.ChainBlocks, "chain-blocks", rc.ChainBlocks, "with --remote: blocks per Fetch")
+	f.Var(sizeOrOffV{v: &rc.ServeSendBufferBytes}, "transfer-send-buffer", "with --remote: both nodes' --transfer-send-buffer (off: the kernel's autotuning; the baselines' sockets always have it) (default 512KiB)")
 	f.DurationVar(&so.duration, "soak", 0, "run the soak for this long instead of measuring throughput (see above)")
 	f.StringVar(&so.metrics, "metrics", "", "with --soak --server: the node's metrics address (host:port)")
 	f.IntVar(&so.pid, "pid", 0, "with --soak --server: the node's process id, to read its memory and descriptors from /proc")

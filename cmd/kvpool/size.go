@@ -67,10 +67,16 @@ func (f sizeFlag[T]) Set(s string) error {
 
 func (f sizeFlag[T]) Type() string { return "size" }
 
-// rateOrOffV is a rate in bytes per second, or "off" (stored as -1).
-type rateOrOffV struct{ v *int64 }
+// sizeOrOffV is a size, or "off" (stored as -1); rate says the size is
+// per second.
+type sizeOrOffV struct {
+	v    *int64
+	rate bool
+}
 
-func (f rateOrOffV) String() string {
+func rateOrOffV(p *int64) sizeOrOffV { return sizeOrOffV{v: p, rate: true} }
+
+func (f sizeOrOffV) String() string {
 	if f.v == nil || *f.v == 0 {
 		return "0"
 	}
@@ -80,14 +86,17 @@ func (f rateOrOffV) String() string {
 	return formatSize(*f.v)
 }
 
-func (f rateOrOffV) Set(s string) error {
+func (f sizeOrOffV) Set(s string) error {
 	if strings.EqualFold(strings.TrimSpace(s), "off") {
 		*f.v = -1
 		return nil
 	}
 	n, err := parseSize(s)
-	if err == nil && n == 0 {
+	switch {
+	case err == nil && n == 0 && f.rate:
 		err = fmt.Errorf("rate %q: want a size per second such as 1GiB, or off", s)
+	case err == nil && n == 0:
+		err = fmt.Errorf("size %q: want a size such as 512KiB, or off", s)
 	}
 	if err == nil {
 		*f.v = n
@@ -95,7 +104,12 @@ func (f rateOrOffV) Set(s string) error {
 	return err
 }
 
-func (f rateOrOffV) Type() string { return "rate|off" }
+func (f sizeOrOffV) Type() string {
+	if f.rate {
+		return "rate|off"
+	}
+	return "size|off"
+}
 
 // formatSize prints n with the largest binary unit that divides it.
 func formatSize(n int64) string {

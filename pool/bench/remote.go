@@ -28,6 +28,10 @@ type RemoteConfig struct {
 	// Conns is the tcp transport's connections per peer; the raw-TCP
 	// baseline uses as many.
 	Conns int
+	// ServeSendBufferBytes is both nodes'
+	// pool.TransferConfig.ServeSendBufferBytes (0: its default; negative:
+	// the kernel's autotuning). The baselines' sockets keep the kernel's.
+	ServeSendBufferBytes int64
 	// ChainBlocks is how many blocks one Fetch asks for.
 	ChainBlocks int
 	// EtcdEndpoints is the etcd the two nodes meet in (the CLI starts an
@@ -74,6 +78,7 @@ func RunRemote(ctx context.Context, cfg Config, rc RemoteConfig) (*Result, error
 		}
 		pc.Etcd, pc.LeaseTTL = cli, 5*time.Second
 		pc.Transport, pc.TransferConns = rc.Transport, rc.Conns
+		pc.ServeSendBufferBytes = rc.ServeSendBufferBytes
 		pc.FetchTimeout = 30 * time.Second
 		// Steady state from the first round: no fetch pays the first
 		// write of its reservation's pages.

@@ -181,8 +181,8 @@ type TransferConfig struct {
 	// TransferConns is how many connections the tcp transport keeps per
 	// peer. Default 2.
 	TransferConns int
-	// ServeSendBufferBytes is the send buffer (SO_SNDBUF; Linux doubles
-	// it, and caps it at net.core.wmem_max) of the tcp transport
+	// ServeSendBufferBytes is the send buffer (SO_SNDBUF; Linux caps it
+	// at net.core.wmem_max, then doubles it) of the tcp transport
 	// connections this node accepts, which carry the bytes of its peers'
 	// reads. With the kernel's autotuned buffer a holder could queue a
 	// whole 2 MiB block in one write before its peer read a byte, and
@@ -194,8 +194,12 @@ type TransferConfig struct {
 	// single-block fetches moved at 0.59, 0.60, 0.68 and 0.84 of raw
 	// TCP with autotuning, 0.70, 0.72, 0.72 and 0.76 with 512 KiB;
 	// chains of 16 and 64 blocks alike either way (0.86–0.97;
-	// docs/benchmarks-history.md). A link whose bandwidth × round trip
-	// exceeds twice this needs it larger.
+	// docs/benchmarks-history.md). A connection whose bandwidth × round
+	// trip exceeds the doubled buffer needs it larger. A stock kernel's
+	// net.core.wmem_max (212992) holds the default to 416 KiB in all,
+	// about 80 Gbit/s per connection at a 40 µs round trip: raise
+	// wmem_max for faster links, or leave the buffer to autotuning,
+	// which wmem_max does not cap.
 	// Default 512 KiB; negative leaves the kernel's autotuning.
 	ServeSendBufferBytes int64
 	// FetchTimeout bounds one holder's transfer during a Fetch; past it

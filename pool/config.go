@@ -515,7 +515,7 @@ func (c *TransferConfig) validate() []error {
 		p.add("transfer connections %d: want 1 to 64", c.TransferConns)
 	}
 	if c.ServeSendBufferBytes > 0 && (c.ServeSendBufferBytes < 4<<10 || c.ServeSendBufferBytes > 1<<30) {
-		p.add("transfer send buffer %d bytes: want 4 KiB to 1 GiB, or negative for the kernel's autotuning", c.ServeSendBufferBytes)
+		p.add("transfer send buffer %d bytes: want 4 KiB to 1 GiB, or off (negative) for the kernel's autotuning", c.ServeSendBufferBytes)
 	}
 	if c.FetchTimeout < 0 {
 		p.add("fetch timeout %v must not be negative", c.FetchTimeout)

@@ -166,10 +166,6 @@ type ClusterConfig struct {
 	Zone string
 }
 
-// DefaultServeSendBufferBytes is TransferConfig.ServeSendBufferBytes's
-// default.
-const DefaultServeSendBufferBytes = 512 << 10
-
 // TransferConfig configures how the node moves blocks to and from peers.
 type TransferConfig struct {
 	// Transport is how this node pulls blocks from peers: tcp (framed,
@@ -354,7 +350,7 @@ func (c *TransferConfig) fill() {
 		c.TransferConns = 2
 	}
 	if c.ServeSendBufferBytes == 0 {
-		c.ServeSendBufferBytes = DefaultServeSendBufferBytes
+		c.ServeSendBufferBytes = 512 << 10
 	}
 	if c.FetchTimeout == 0 {
 		c.FetchTimeout = time.Second
